@@ -1,0 +1,51 @@
+"""Algorithm registry: build a `FederatedAlgorithm` from a `RunConfig`."""
+
+from __future__ import annotations
+
+import optax
+
+from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.fedavg import fedavg, fedprox
+from mcfl.algorithms.fedsgd import fedsgd
+from mcfl.algorithms.local import local
+from mcfl.config import RunConfig
+from mcfl.engine import LocalTraining
+from mcfl.models import ModelSpec
+
+__all__ = ["FederatedAlgorithm", "fedavg", "fedprox", "fedsgd", "local", "build_algorithm"]
+
+
+def client_optimizer(config: RunConfig) -> optax.GradientTransformation:
+    """The clients' optax optimizer named by the config (weight decay as an L2 gradient term)."""
+    if config.client_optimizer == "sgd":
+        opt = optax.sgd(config.lr)
+    elif config.client_optimizer == "momentum":
+        opt = optax.sgd(config.lr, momentum=config.momentum)
+    else:
+        opt = optax.adam(config.lr)
+    if config.weight_decay > 0:
+        opt = optax.chain(optax.add_decayed_weights(config.weight_decay), opt)
+    return opt
+
+
+def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
+    return LocalTraining(
+        apply_fn=model.apply,
+        optimizer=client_optimizer(config),
+        batch_size=config.batch_size,
+        local_epochs=config.local_epochs,
+        local_steps=config.local_steps,
+        mu=config.effective_mu,
+    )
+
+
+def build_algorithm(
+    config: RunConfig, model: ModelSpec, clients_per_round: int, block_size: int
+) -> FederatedAlgorithm:
+    training = local_training(config, model)
+    if config.algorithm in ("fedavg", "fedprox"):
+        name = config.algorithm
+        return fedavg(model, training, clients_per_round, block_size, config.server_lr, name=name)
+    if config.algorithm == "fedsgd":
+        return fedsgd(model, optax.sgd(config.lr), clients_per_round, block_size)
+    return local(model, training, clients_per_round, block_size)

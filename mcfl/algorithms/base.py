@@ -1,0 +1,42 @@
+"""What every algorithm is: a NamedTuple of pure functions over an immutable state pytree.
+
+``init(data, key) -> state``; ``round(state, data, key) -> (state, metrics)``, jittable, with
+`metrics` a dict of scalars; ``client_models(state) -> (models [M, ...], index [C])`` says which
+model evaluates each client (M = 1 for one global model, K for clusters, C for local models).
+Hyperparameters are closed over by the factory that builds the tuple (as optax does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.engine import ClientStats
+
+State = Any
+
+
+class FederatedAlgorithm(NamedTuple):
+    name: str
+    init: Callable[..., State]
+    round: Callable[..., tuple[State, dict]]
+    client_models: Callable[[State], tuple[Any, jax.Array]]
+
+
+def stack(params, count: int = 1):
+    """A stacked pytree [count, ...] of `count` copies of `params`."""
+    return jax.tree.map(lambda p: jnp.broadcast_to(p, (count,) + p.shape), params)
+
+
+def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Array]:
+    """Round metrics from the sampled clients' stats: train loss weighted by training samples,
+    and FlexCFL's discrepancy (Eq. 3: the mean over sampled clients of ||W_i - W_t||, with W_t
+    the model the client started the round from)."""
+    w = weights.astype(jnp.float32)
+    return {
+        "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
+        "discrepancy": jnp.mean(stats.update_norm),
+        "local_steps": jnp.mean(stats.steps.astype(jnp.float32)),
+    }

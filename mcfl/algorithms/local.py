@@ -1,0 +1,44 @@
+"""Local (NonFed): every client trains only on its own data and keeps its own model.
+
+State holds all C client models stacked [C, ...]; each round the sampled clients continue
+training their own model; nothing is communicated. Evaluation uses each client's own model.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.engine import LocalTraining, RoundClients, train_and_collect
+from mcfl.models import ModelSpec
+from mcfl.sampling import sample_clients
+
+
+class LocalState(flax.struct.PyTreeNode):
+    params: object  # [C, ...]
+
+
+def local(
+    model: ModelSpec, training: LocalTraining, clients_per_round: int, block_size: int
+) -> FederatedAlgorithm:
+    """Local training only. All clients start from the same initial model."""
+
+    def init(data, key):
+        return LocalState(stack(model.init(key), data.num_clients))
+
+    def round_(state, data, key):
+        sample_key, train_key = jax.random.split(key)
+        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        trained, stats = train_and_collect(
+            training, data, train_key, state.params, RoundClients(clients, clients), block_size
+        )
+        params = jax.tree.map(lambda all_, new: all_.at[clients].set(new), state.params, trained)
+        return LocalState(params), training_metrics(data.train_counts[clients], stats)
+
+    def client_models(state):
+        num_clients = jax.tree.leaves(state.params)[0].shape[0]
+        return state.params, jnp.arange(num_clients, dtype=jnp.int32)
+
+    return FederatedAlgorithm("local", init, round_, client_models)

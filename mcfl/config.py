@@ -1,0 +1,156 @@
+"""Run configuration: one frozen dataclass holding every hyperparameter of a run.
+
+A run is a pure function of (RunConfig, seed): the config fixes every shape, the seed every
+random draw. Configs load from JSON or TOML files (keys are the field names below); unknown keys
+and out-of-range values raise `ConfigError` naming the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from mcfl.errors import ConfigError, choice_error
+
+ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local")
+DATASETS = ("synthetic",)
+OPTIMIZERS = ("sgd", "momentum", "adam")
+MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run. Defaults follow FlexCFL's setup (B = 10, 20 clients a round)."""
+
+    algorithm: str = "fedavg"
+    dataset: str = "synthetic"
+    clients: int = 100
+    rounds: int = 50
+    seed: int = 0
+    data_seed: Optional[int] = None  # None: same as seed
+    # Synthetic(alpha, beta) (FedProx generator)
+    synthetic_alpha: float = 1.0
+    synthetic_beta: float = 1.0
+    test_fraction: Optional[float] = None  # None: the dataset's recipe (0.1 for synthetic)
+    # model
+    model: str = "mclr"
+    hidden: tuple[int, ...] = (200, 200)
+    # client training
+    lr: float = 0.01
+    batch_size: int = 10
+    local_epochs: int = 1
+    local_steps: Optional[int] = None  # a fixed number of steps instead of epochs
+    client_optimizer: str = "sgd"
+    momentum: float = 0.9  # used by client_optimizer = "momentum"
+    weight_decay: float = 0.0
+    mu: Optional[float] = None  # FedProx proximal weight; None: 0.01 (the authors' code)
+    # server
+    clients_per_round: Optional[Union[int, float]] = None  # count or fraction; None: min(20, clients)
+    server_lr: float = 1.0
+    # execution and evaluation
+    eval_every: int = 1
+    block_size: Optional[int] = None  # None: chosen from the model size and backend
+
+    def __post_init__(self):
+        _validate(self)
+
+    def replace(self, **changes) -> "RunConfig":
+        return from_dict({**self.to_dict(), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["hidden"] = list(self.hidden)
+        return out
+
+    @property
+    def effective_mu(self) -> float:
+        if self.algorithm == "fedprox":
+            return 0.01 if self.mu is None else self.mu
+        return 0.0
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def _validate(c: RunConfig) -> None:
+    if c.algorithm not in ALGORITHMS:
+        raise choice_error("algorithm", c.algorithm, ALGORITHMS)
+    if c.dataset not in DATASETS:
+        raise choice_error("dataset", c.dataset, DATASETS)
+    if c.model not in MODELS:
+        raise choice_error("model", c.model, MODELS)
+    if c.client_optimizer not in OPTIMIZERS:
+        raise choice_error("client_optimizer", c.client_optimizer, OPTIMIZERS)
+    for name in ("clients", "rounds", "batch_size", "local_epochs", "eval_every"):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    for name in ("local_steps", "block_size"):
+        value = getattr(c, name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")
+    if not c.lr > 0:
+        raise ConfigError(f"lr must be > 0, got {c.lr}")
+    if not c.server_lr > 0:
+        raise ConfigError(f"server_lr must be > 0, got {c.server_lr}")
+    if c.weight_decay < 0:
+        raise ConfigError(f"weight_decay must be >= 0, got {c.weight_decay}")
+    if not 0 <= c.momentum < 1:
+        raise ConfigError(f"momentum must be in [0, 1), got {c.momentum}")
+    if c.mu is not None:
+        if c.mu < 0:
+            raise ConfigError(f"mu must be >= 0, got {c.mu}")
+        if c.algorithm != "fedprox" and c.mu > 0:
+            raise ConfigError(f"mu applies to algorithm 'fedprox' only, not {c.algorithm!r}")
+    if c.test_fraction is not None and not 0 < c.test_fraction < 1:
+        raise ConfigError(f"test_fraction must be in (0, 1), got {c.test_fraction}")
+    if c.synthetic_alpha < 0 or c.synthetic_beta < 0:
+        raise ConfigError(
+            f"synthetic alpha and beta must be >= 0, got {c.synthetic_alpha}, {c.synthetic_beta}"
+        )
+    if not c.hidden or any(not isinstance(h, int) or h < 1 for h in c.hidden):
+        raise ConfigError(f"hidden widths must be positive integers, got {c.hidden!r}")
+    from mcfl.sampling import resolve_clients_per_round
+
+    resolve_clients_per_round(c.clients_per_round, c.clients)
+
+
+def from_dict(values: dict[str, Any]) -> RunConfig:
+    """A RunConfig from a mapping of field names (e.g. a parsed config file)."""
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(FIELDS)}"
+        )
+    values = dict(values)
+    if "hidden" in values:
+        values["hidden"] = parse_hidden(values["hidden"])
+    return RunConfig(**values)
+
+
+def parse_hidden(value) -> tuple[int, ...]:
+    """'200,200' or [200, 200] -> (200, 200)."""
+    try:
+        if isinstance(value, str):
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"hidden must be comma-separated integers like 200,200, got {value!r}")
+
+
+def load_file(path: Union[str, Path]) -> dict[str, Any]:
+    """Read a JSON or TOML config file into a dict (not yet validated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(path.read_text())
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} is malformed: {e}")
+    raise ConfigError(f"config file {str(path)!r} must end in .json or .toml")

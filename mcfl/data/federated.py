@@ -1,0 +1,198 @@
+"""Federated datasets: every client's samples held once, in one flat array per split.
+
+Client ``i`` owns the rows ``offsets[i] : offsets[i] + counts[i]`` of ``x_train`` / ``y_train``
+(and likewise for the test split). Nothing is padded to the largest client: ragged sizes are
+handled by the engine with masks, so the shapes below are fixed for a whole run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcfl.errors import DataError
+
+
+class FederatedData(flax.struct.PyTreeNode):
+    """The device-side arrays of a federated dataset (a pytree, passed to jitted rounds).
+
+    Shapes: ``x_*`` [N, *feature_shape]; ``y_*`` [N] int32; ``*_owner`` [N] int32 (the client
+    of each row, rows sorted by client); ``*_offsets`` and ``*_counts`` [C] int32.
+    """
+
+    x_train: jax.Array
+    y_train: jax.Array
+    train_owner: jax.Array
+    train_offsets: jax.Array
+    train_counts: jax.Array
+    x_test: jax.Array
+    y_test: jax.Array
+    test_owner: jax.Array
+    test_offsets: jax.Array
+    test_counts: jax.Array
+    num_classes: int = flax.struct.field(pytree_node=False)
+    min_train_count: int = flax.struct.field(pytree_node=False)
+
+    @property
+    def num_clients(self) -> int:
+        return self.train_counts.shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedDataset:
+    """A federated dataset: device arrays plus host-side metadata (ids, ground truth)."""
+
+    name: str
+    arrays: FederatedData
+    client_ids: tuple[str, ...]
+    feature_shape: tuple[int, ...]
+    true_cluster: Optional[np.ndarray] = None  # [C] planted cluster id, where known
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_ids)
+
+    @property
+    def num_classes(self) -> int:
+        return self.arrays.num_classes
+
+    def train_counts(self) -> np.ndarray:
+        return np.asarray(self.arrays.train_counts)
+
+    def test_counts(self) -> np.ndarray:
+        return np.asarray(self.arrays.test_counts)
+
+
+def _group_by_owner(owner: np.ndarray, num_clients: int):
+    """Stable order of rows by client, with per-client offsets and counts."""
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=num_clients).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    return order, offsets, counts
+
+
+def split_train_test(
+    owner: np.ndarray, num_clients: int, test_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client train/test split of the rows in `owner` (vectorised, no loop over clients).
+
+    Each client keeps ``floor((1 - test_fraction) * n_i)`` rows for training (so 90/10 gives the
+    FedProx generators' split), but at least one for training and, when it has two or more rows,
+    at least one for testing. Rows are shuffled within each client first.
+
+    Returns the indices of the training rows and of the test rows.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test fraction must be in (0, 1), got {test_fraction}")
+    rows = np.flatnonzero(owner >= 0)
+    rows = rows[rng.permutation(rows.size)]
+    rows = rows[np.argsort(owner[rows], kind="stable")]
+    client = owner[rows]
+    counts = np.bincount(client, minlength=num_clients)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(rows.size) - starts[client]  # position of each row within its client
+    n_train = np.floor((1.0 - test_fraction) * counts + 1e-9).astype(np.int64)
+    n_train = np.clip(n_train, 1, np.maximum(counts - 1, 1))
+    is_train = rank < n_train[client]
+    return rows[is_train], rows[~is_train]
+
+
+def from_owner(
+    name: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    owner: np.ndarray,
+    num_clients: int,
+    num_classes: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+    client_ids: Optional[Sequence[str]] = None,
+    true_cluster: Optional[np.ndarray] = None,
+) -> FederatedDataset:
+    """Build a federated dataset from one labelled array and the client of each row.
+
+    ``owner[j]`` is the client of row ``j`` (or -1 to leave the row out). Every client must end
+    up with at least one training row; a client with none is an error naming it.
+    """
+    owner = np.asarray(owner, dtype=np.int64)
+    if owner.shape != (len(x),) or len(y) != len(x):
+        raise DataError(
+            f"x, y and owner must have the same length, got {len(x)}, {len(y)}, {owner.shape}"
+        )
+    if owner.size and owner.max() >= num_clients:
+        raise DataError(f"owner ids must be < {num_clients} clients, got {owner.max()}")
+    counts = np.bincount(owner[owner >= 0], minlength=num_clients)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        raise DataError(
+            f"{empty.size} client(s) have no data (first: {list(empty[:5])}); "
+            "every client needs at least one sample"
+        )
+    train_rows, test_rows = split_train_test(owner, num_clients, test_fraction, rng)
+    return from_splits(
+        name,
+        (x[train_rows], y[train_rows], owner[train_rows]),
+        (x[test_rows], y[test_rows], owner[test_rows]),
+        num_clients,
+        num_classes,
+        client_ids,
+        true_cluster,
+    )
+
+
+def from_splits(
+    name: str,
+    train: tuple[np.ndarray, np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray, np.ndarray],
+    num_clients: int,
+    num_classes: int,
+    client_ids: Optional[Sequence[str]] = None,
+    true_cluster: Optional[np.ndarray] = None,
+) -> FederatedDataset:
+    """Build a federated dataset from (x, y, owner) triples already split into train and test."""
+    parts = []
+    for split, (x, y, owner) in (("train", train), ("test", test)):
+        owner = np.asarray(owner, dtype=np.int64)
+        y = np.asarray(y)
+        if y.size and (y.min() < 0 or y.max() >= num_classes):
+            raise DataError(
+                f"{split} labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}]"
+            )
+        order, offsets, counts = _group_by_owner(owner, num_clients)
+        parts.append((np.asarray(x)[order], y[order], owner[order], offsets, counts))
+    (xtr, ytr, otr, offtr, ctr), (xte, yte, ote, offte, cte) = parts
+    no_train = np.flatnonzero(ctr == 0)
+    if no_train.size:
+        raise DataError(
+            f"{no_train.size} client(s) have no training data (first: {list(no_train[:5])})"
+        )
+    if client_ids is None:
+        client_ids = tuple(str(i) for i in range(num_clients))
+    if len(client_ids) != num_clients:
+        raise DataError(f"got {len(client_ids)} client ids for {num_clients} clients")
+    arrays = FederatedData(
+        x_train=jnp.asarray(xtr),
+        y_train=jnp.asarray(ytr, jnp.int32),
+        train_owner=jnp.asarray(otr, jnp.int32),
+        train_offsets=jnp.asarray(offtr, jnp.int32),
+        train_counts=jnp.asarray(ctr, jnp.int32),
+        x_test=jnp.asarray(xte),
+        y_test=jnp.asarray(yte, jnp.int32),
+        test_owner=jnp.asarray(ote, jnp.int32),
+        test_offsets=jnp.asarray(offte, jnp.int32),
+        test_counts=jnp.asarray(cte, jnp.int32),
+        num_classes=int(num_classes),
+        min_train_count=int(ctr.min()),
+    )
+    return FederatedDataset(
+        name=name,
+        arrays=arrays,
+        client_ids=tuple(str(c) for c in client_ids),
+        feature_shape=tuple(np.asarray(xtr).shape[1:]),
+        true_cluster=None if true_cluster is None else np.asarray(true_cluster, np.int64),
+    )

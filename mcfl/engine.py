@@ -1,0 +1,486 @@
+"""The client engine: local training of many clients as one jitted computation.
+
+Layout of the work (see README, "How the engine works"):
+
+* Clients of a round are sorted by their number of local steps and cut into blocks of
+  `block_size`. Blocks run one after another (`lax.scan`); inside a block the clients run
+  together (`vmap`) through a loop over local steps whose length is the block's longest client.
+  A client with fewer steps is masked: its extra steps leave parameters and optimizer state
+  untouched. Memory stays at one block of client models (plus the outputs asked for).
+* Each epoch of client ``i`` visits its samples in an order drawn from its own key
+  ``fold_in(fold_in(round_key, i), epoch)``, so a client's batches do not depend on the
+  other clients, on the blocking or on the sampling.
+* A client's epoch is ``ceil(n_i / B)`` steps; the last batch of an epoch is partial and
+  its missing rows are masked out of the loss.
+* Results are either collected per client ([S, ...] stacked models) or reduced on the fly into
+  weighted per-segment sums ([K, ...]), as FedAvg and the cluster M-steps need.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mcfl.data.federated import FederatedData
+
+PyTree = Any
+ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+
+DEFAULT_EVAL_BATCH = 256
+
+
+class LocalTraining(NamedTuple):
+    """What a client does in a round: `optimizer` on the cross-entropy of `apply_fn`, plus
+    ``(mu / 2) * ||W - anchor||^2`` (FedProx, Li et al. 2020, Eq. 2) when ``mu > 0``.
+
+    The client runs `local_epochs` epochs of batches of `batch_size`, or exactly `local_steps`
+    steps when that is set (cycling through epochs of its data).
+    """
+
+    apply_fn: ApplyFn
+    optimizer: optax.GradientTransformation
+    batch_size: int
+    local_epochs: int = 1
+    local_steps: Optional[int] = None
+    mu: float = 0.0
+
+
+class ClientStats(NamedTuple):
+    """Per-client by-products of local training, each [S]."""
+
+    loss: jax.Array  # mean training loss over the client's steps (without the proximal term)
+    steps: jax.Array  # local steps actually taken
+    update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
+
+
+def ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
+    """Local steps of each client in a round: ``E * ceil(n_i / B)``, or the fixed step count."""
+    if training.local_steps is not None:
+        return jnp.full_like(counts, training.local_steps)
+    return training.local_epochs * ceil_div(counts, training.batch_size)
+
+
+def num_epochs_needed(min_train_count: int, training: LocalTraining) -> int:
+    """How many epoch orders a round can need: E, or with fixed steps, enough epochs for the
+    smallest client (which cycles through its data fastest)."""
+    if training.local_steps is None:
+        return training.local_epochs
+    steps_per_epoch = -(-min_train_count // training.batch_size)
+    return max(1, -(-training.local_steps // steps_per_epoch))
+
+
+def epoch_orders(key: jax.Array, data: FederatedData, num_epochs: int) -> jax.Array:
+    """[num_epochs, N_train] row orders: within each client's rows, a fresh random permutation
+    per epoch, drawn from the client's own key (a segmented shuffle: one sort per epoch)."""
+    owner = data.train_owner
+    rows = jnp.arange(owner.shape[0], dtype=jnp.int32)
+    local_pos = rows - data.train_offsets[owner]
+
+    def one_epoch(epoch):
+        def row_bits(client, pos):
+            k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, client), epoch), pos)
+            return jax.random.bits(k, dtype=jnp.uint32)
+
+        bits = jax.vmap(row_bits)(owner, local_pos)
+        return jax.lax.sort((owner, bits, rows), num_keys=2)[2]
+
+    return jax.vmap(one_epoch)(jnp.arange(num_epochs, dtype=jnp.int32))
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean cross-entropy over the rows where `mask` is true (0 if there are none)."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def squared_distance(a: PyTree, b: PyTree) -> jax.Array:
+    """||a - b||^2 summed over all leaves of two parameter trees."""
+    return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _select(pred, new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def local_train(
+    training: LocalTraining,
+    data: FederatedData,
+    orders: jax.Array,
+    params: PyTree,
+    anchor: PyTree,
+    offset: jax.Array,
+    count: jax.Array,
+    num_steps: jax.Array,
+    loop_length: jax.Array,
+) -> tuple[PyTree, jax.Array]:
+    """One client's local training (unbatched; the engine vmaps it over a block).
+
+    Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
+    are real. Step s uses batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``.
+    Returns the trained parameters and the summed training loss of the real steps.
+    """
+    batch = training.batch_size
+    steps_per_epoch = ceil_div(count, batch)
+    positions = jnp.arange(batch, dtype=jnp.int32)
+    last_epoch = orders.shape[0] - 1
+
+    def objective(p, xb, yb, mask):
+        loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
+        total = loss
+        if training.mu > 0:
+            total = total + 0.5 * training.mu * squared_distance(p, anchor)
+        return total, loss
+
+    def step(s, carry):
+        p, opt_state, loss_sum = carry
+        epoch = jnp.minimum(s // steps_per_epoch, last_epoch)
+        pos = (s % steps_per_epoch) * batch + positions
+        mask = pos < count
+        rows = orders[epoch, offset + jnp.minimum(pos, count - 1)]
+        (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
+            p, data.x_train[rows], data.y_train[rows], mask
+        )
+        updates, new_opt_state = training.optimizer.update(grads, opt_state, p)
+        active = s < num_steps
+        p = _select(active, optax.apply_updates(p, updates), p)
+        opt_state = _select(active, new_opt_state, opt_state)
+        return p, opt_state, loss_sum + jnp.where(active, loss, 0.0)
+
+    init = (params, training.optimizer.init(params), jnp.zeros((), jnp.float32))
+    params, _, loss_sum = jax.lax.fori_loop(0, loop_length, step, init)
+    return params, loss_sum
+
+
+def full_gradient(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    params: PyTree,
+    offset: jax.Array,
+    count: jax.Array,
+    chunk: int,
+    loop_length: jax.Array,
+) -> tuple[PyTree, jax.Array]:
+    """Gradient and value of one client's mean training loss over all its rows (FedSGD),
+    accumulated over chunks of `chunk` rows so memory does not grow with the client."""
+    positions = jnp.arange(chunk, dtype=jnp.int32)
+
+    def summed_loss(p, xb, yb, mask):
+        losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, xb), yb)
+        return jnp.sum(losses * mask)
+
+    def body(i, carry):
+        grad_sum, loss_sum = carry
+        pos = i * chunk + positions
+        mask = pos < count
+        rows = offset + jnp.minimum(pos, count - 1)
+        loss, grad = jax.value_and_grad(summed_loss)(
+            params, data.x_train[rows], data.y_train[rows], mask
+        )
+        return jax.tree.map(jnp.add, grad_sum, grad), loss_sum + loss
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grad_sum, loss_sum = jax.lax.fori_loop(
+        0, loop_length, body, (zeros, jnp.zeros((), jnp.float32))
+    )
+    n = jnp.maximum(count, 1).astype(jnp.float32)
+    return jax.tree.map(lambda g: g / n, grad_sum), loss_sum / n
+
+
+# ----------------------------------------------------------------------------------------------
+# Blocks: map or reduce a per-client function over the clients of a round.
+
+
+def _pad_and_block(inputs: dict, block_size: int) -> tuple[dict, int]:
+    """Zero-pad every [S, ...] input to a multiple of `block_size` and reshape to
+    [num_blocks, block_size, ...]. Zero padding makes padded clients no-ops: they have no
+    steps and no weight."""
+    size = jax.tree.leaves(inputs)[0].shape[0]
+    num_blocks = -(-size // block_size)
+    pad = num_blocks * block_size - size
+
+    def block(x):
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape((num_blocks, block_size) + x.shape[1:])
+
+    return jax.tree.map(block, inputs), size
+
+
+def _unblock(tree: PyTree, size: int) -> PyTree:
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:size], tree)
+
+
+def map_blocks(block_fn: Callable, inputs: dict, block_size: int) -> PyTree:
+    """Apply `block_fn` ([b]-batched inputs -> [b]-batched outputs) block after block."""
+    blocked, size = _pad_and_block(inputs, block_size)
+    return _unblock(jax.lax.map(block_fn, blocked), size)
+
+
+def reduce_blocks(
+    block_fn: Callable,
+    inputs: dict,
+    block_size: int,
+    num_segments: int,
+    like: PyTree,
+) -> tuple[PyTree, jax.Array, PyTree]:
+    """Run `block_fn` block after block and reduce its per-client tree output on the fly.
+
+    `block_fn` returns ``(tree [b, ...], aux [b, ...])``; `inputs` must hold ``"segment"`` [S]
+    and ``"weight"`` [S]. Returns the weighted per-segment sums of the trees ([K, ...] shaped
+    like `like` with a leading K), the summed weights [K], and aux [S, ...]. Only one block of
+    client trees is alive at a time.
+    """
+    blocked, size = _pad_and_block(inputs, block_size)
+    sums0 = jax.tree.map(lambda x: jnp.zeros((num_segments,) + x.shape, jnp.float32), like)
+
+    def body(carry, block):
+        sums, weight_sums = carry
+        tree, aux = block_fn(block)
+        # [b, K] one-hot weights: a matmul, which accelerators do at full speed.
+        mix = jax.nn.one_hot(block["segment"], num_segments) * block["weight"][:, None]
+        sums = jax.tree.map(
+            lambda acc, leaf: acc
+            + jnp.tensordot(mix.T, leaf.astype(jnp.float32), axes=1,
+                            precision=jax.lax.Precision.HIGHEST),
+            sums,
+            tree,
+        )
+        return (sums, weight_sums + jnp.sum(mix, axis=0)), aux
+
+    (sums, weight_sums), aux = jax.lax.scan(
+        body, (sums0, jnp.zeros((num_segments,), jnp.float32)), blocked
+    )
+    return sums, weight_sums, _unblock(aux, size)
+
+
+def segment_mean(sums: PyTree, weight_sums: jax.Array, previous: PyTree) -> PyTree:
+    """Weighted per-segment means; a segment with no weight keeps its `previous` value."""
+
+    def mean(s, prev):
+        w = weight_sums.reshape((-1,) + (1,) * (s.ndim - 1))
+        return jnp.where(w > 0, s / jnp.maximum(w, 1e-30), prev).astype(prev.dtype)
+
+    return jax.tree.map(mean, sums, previous)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training a round's clients.
+
+
+class RoundClients(NamedTuple):
+    """The clients of a round and where each starts from (all [S] int32)."""
+
+    clients: jax.Array  # client ids
+    start_index: jax.Array  # row of `start_models` each client starts from (and is pulled to)
+
+
+def _sorted_by_steps(steps: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Order putting the longest clients first (so blocks hold similar lengths) and its inverse."""
+    order = jnp.argsort(-steps, stable=True)
+    return order, jnp.argsort(order)
+
+
+def _training_inputs(training, data, selection, weights, segments):
+    steps = client_num_steps(data.train_counts, training)[selection.clients]
+    inputs = {
+        "client": selection.clients,
+        "start": selection.start_index,
+        "steps": steps,
+        "weight": weights.astype(jnp.float32),
+        "segment": segments,
+    }
+    order, inverse = _sorted_by_steps(steps)
+    return jax.tree.map(lambda x: x[order], inputs), inverse
+
+
+def _training_block_fn(training, data, orders, start_models):
+    def one_client(inp, loop_length):
+        start = jax.tree.map(lambda m: m[inp["start"]], start_models)
+        offset = data.train_offsets[inp["client"]]
+        count = data.train_counts[inp["client"]]
+        trained, loss_sum = local_train(
+            training, data, orders, start, start, offset, count, inp["steps"], loop_length
+        )
+        stats = ClientStats(
+            loss=loss_sum / jnp.maximum(inp["steps"], 1),
+            steps=jnp.minimum(inp["steps"], loop_length),
+            update_norm=jnp.sqrt(squared_distance(trained, start)),
+        )
+        return trained, stats
+
+    def block_fn(block):
+        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["steps"]))
+
+    return block_fn
+
+
+def train_and_collect(
+    training: LocalTraining,
+    data: FederatedData,
+    key: jax.Array,
+    start_models: PyTree,
+    selection: RoundClients,
+    block_size: int,
+) -> tuple[PyTree, ClientStats]:
+    """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
+    anchor), and return their trained models stacked [S, ...] in selection order."""
+    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
+    size = selection.clients.shape[0]
+    inputs, inverse = _training_inputs(
+        training, data, selection, jnp.zeros(size), jnp.zeros(size, jnp.int32)
+    )
+    block_fn = _training_block_fn(training, data, orders, start_models)
+    models, stats = map_blocks(block_fn, inputs, block_size)
+    return jax.tree.map(lambda x: x[inverse], (models, stats))
+
+
+def train_and_aggregate(
+    training: LocalTraining,
+    data: FederatedData,
+    key: jax.Array,
+    start_models: PyTree,
+    selection: RoundClients,
+    weights: jax.Array,
+    segments: jax.Array,
+    num_segments: int,
+    block_size: int,
+) -> tuple[PyTree, jax.Array, ClientStats]:
+    """Train the selected clients and return weighted per-segment sums of their models
+    ([K, ...]), the per-segment weight sums [K], and per-client stats in selection order.
+    Client models are never all alive at once: only one block of them."""
+    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
+    inputs, inverse = _training_inputs(training, data, selection, weights, segments)
+    block_fn = _training_block_fn(training, data, orders, start_models)
+    like = jax.tree.map(lambda m: m[0], start_models)
+    sums, weight_sums, stats = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
+    return sums, weight_sums, jax.tree.map(lambda x: x[inverse], stats)
+
+
+def gradients_and_aggregate(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    start_models: PyTree,
+    selection: RoundClients,
+    weights: jax.Array,
+    segments: jax.Array,
+    num_segments: int,
+    block_size: int,
+    chunk: int,
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """FedSGD's client work: each selected client's full-batch gradient at its start model,
+    reduced into weighted per-segment sums. Returns (sums, weight_sums, loss [S])."""
+    counts = data.train_counts[selection.clients]
+    inputs = {
+        "client": selection.clients,
+        "start": selection.start_index,
+        "chunks": ceil_div(counts, chunk),
+        "weight": weights.astype(jnp.float32),
+        "segment": segments,
+    }
+    order, inverse = _sorted_by_steps(inputs["chunks"])
+    inputs = jax.tree.map(lambda x: x[order], inputs)
+
+    def one_client(inp, loop_length):
+        params = jax.tree.map(lambda m: m[inp["start"]], start_models)
+        return full_gradient(
+            apply_fn,
+            data,
+            params,
+            data.train_offsets[inp["client"]],
+            data.train_counts[inp["client"]],
+            chunk,
+            loop_length,
+        )
+
+    def block_fn(block):
+        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+
+    like = jax.tree.map(lambda m: m[0], start_models)
+    sums, weight_sums, loss = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
+    return sums, weight_sums, loss[inverse]
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation counts.
+
+
+class EvalCounts(NamedTuple):
+    """Per-client test counts, from which accuracy and F1 follow (all on the host)."""
+
+    loss_sum: jax.Array  # [C]
+    correct: jax.Array  # [C]
+    true_pos: jax.Array  # [C, num_classes]
+    false_pos: jax.Array  # [C, num_classes]
+    false_neg: jax.Array  # [C, num_classes]
+
+
+def evaluate_counts(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    models: PyTree,
+    model_index: jax.Array,
+    block_size: int,
+    eval_batch: int = DEFAULT_EVAL_BATCH,
+    split: str = "test",
+) -> EvalCounts:
+    """Evaluate every client on its own `split` rows with ``models[model_index[i]]``."""
+    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
+    offsets, counts = (
+        (data.test_offsets, data.test_counts)
+        if split == "test"
+        else (data.train_offsets, data.train_counts)
+    )
+    nc = data.num_classes
+    positions = jnp.arange(eval_batch, dtype=jnp.int32)
+
+    def one_client(inp, loop_length):
+        params = jax.tree.map(lambda m: m[inp["model"]], models)
+        offset, count = offsets[inp["client"]], counts[inp["client"]]
+
+        def body(i, acc):
+            pos = i * eval_batch + positions
+            mask = pos < count
+            rows = offset + jnp.minimum(pos, jnp.maximum(count - 1, 0))
+            logits = apply_fn(params, x[rows])
+            labels = y[rows]
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+            pred = jax.nn.one_hot(jnp.argmax(logits, -1), nc) * mask[:, None]
+            true = jax.nn.one_hot(labels, nc) * mask[:, None]
+            tp = jnp.sum(pred * true, 0)
+            return EvalCounts(
+                acc.loss_sum + jnp.sum(losses * mask),
+                acc.correct + jnp.sum(tp),
+                acc.true_pos + tp,
+                acc.false_pos + jnp.sum(pred, 0) - tp,
+                acc.false_neg + jnp.sum(true, 0) - tp,
+            )
+
+        zero = jnp.zeros((), jnp.float32)
+        zeros = jnp.zeros((nc,), jnp.float32)
+        return jax.lax.fori_loop(0, loop_length, body, EvalCounts(zero, zero, zeros, zeros, zeros))
+
+    inputs = {
+        "client": jnp.arange(data.num_clients, dtype=jnp.int32),
+        "model": model_index.astype(jnp.int32),
+        "chunks": ceil_div(counts, eval_batch),
+    }
+
+    def block_fn(block):
+        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+
+    return map_blocks(block_fn, inputs, block_size)
+
+
+def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None) -> int:
+    """Clients per vmapped block: on CPU, few enough that a block's models stay in cache;
+    on GPU / TPU, many (bounded by memory, ~256 MB of parameters per block)."""
+    backend = backend or jax.default_backend()
+    budget = (1 << 20) if backend == "cpu" else (1 << 28)  # bytes of parameters per block
+    size = max(1, budget // max(1, 4 * num_params))
+    return int(min(num_clients, size, 1024))

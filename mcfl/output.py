@@ -1,0 +1,113 @@
+"""Writing a run's results: summary.json, rounds.csv, clients.csv and a PNG of the curves."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+
+
+ROUND_COLUMNS = (
+    "round", "seconds", "train_loss", "discrepancy", "local_steps",
+    "accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro", "test_loss",
+)
+
+
+class RoundWriter:
+    """Appends one row of rounds.csv per round and flushes it, so a crash keeps the rows."""
+
+    def __init__(self, out_dir: Path):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(out_dir / "rounds.csv", "w", newline="")
+        self._writer: Optional[csv.DictWriter] = None
+
+    def append(self, row: dict[str, Any]) -> None:
+        if self._writer is None:
+            extra = [k for k in row if k not in ROUND_COLUMNS]
+            self._writer = csv.DictWriter(self._file, fieldnames=list(ROUND_COLUMNS) + extra)
+            self._writer.writeheader()
+        self._writer.writerow(row)
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_rounds(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    writer = RoundWriter(out_dir)
+    for row in rows:
+        writer.append(row)
+    writer.close()
+
+
+def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "clients.csv", "w", newline="") as f:
+        if not rows:
+            return
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_curves(path: Path, rows: list[dict[str, Any]], title: str = "") -> None:
+    """Accuracy (micro and macro) and losses per round, one PNG."""
+    plot_runs(path, {"": rows}, title)
+
+
+def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = "") -> None:
+    """Several runs' accuracy and training loss per round, side by side in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, rows in runs.items():
+        prefix = f"{label} " if label else ""
+        evaluated = [r for r in rows if r.get("accuracy_micro") is not None]
+        x_eval = [r["round"] for r in evaluated]
+        line = ax_acc.plot(x_eval, [r["accuracy_micro"] for r in evaluated],
+                           label=f"{prefix}micro")[0]
+        ax_acc.plot(x_eval, [r["accuracy_macro"] for r in evaluated], linestyle="--",
+                    color=line.get_color(), label=f"{prefix}macro")
+        ax_loss.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
+                     color=line.get_color(), label=f"{prefix}train")
+        ax_loss.plot(x_eval, [r["test_loss"] for r in evaluated], linestyle="--",
+                     color=line.get_color(), label=f"{prefix}test")
+    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
+    ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss", yscale="log")
+    for ax in (ax_acc, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_all(out_dir: Path, summary, rounds, clients) -> Path:
+    write_summary(out_dir, summary)
+    write_rounds(out_dir, rounds)
+    write_clients(out_dir, clients)
+    plot_curves(out_dir / "curves.png", rounds)
+    return out_dir

@@ -1,0 +1,186 @@
+"""`mcfl.run(config)`: build the data, model and algorithm a config names and train it.
+
+The library writes nothing unless given `out_dir` and prints nothing (progress goes to an
+optional callback). With `out_dir`, rounds.csv grows one row per round as the run goes, so a
+run that stops early (NaN, Ctrl-C) keeps every round it finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcfl import engine, output
+from mcfl.algorithms import FederatedAlgorithm, build_algorithm
+from mcfl.config import RunConfig
+from mcfl.data import FederatedDataset, load_dataset
+from mcfl.errors import TrainingDivergedError
+from mcfl.evaluation import aggregate, client_metrics
+from mcfl.models import count_params, make_model
+from mcfl.sampling import resolve_clients_per_round
+
+EVAL_KEYS = ("accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro")
+
+
+@dataclasses.dataclass
+class RunResult:
+    """Everything a run produced: what the output folder holds, as Python objects."""
+
+    config: RunConfig
+    summary: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    clients: list[dict[str, Any]]
+    state: Any
+
+    def write(self, out_dir) -> Path:
+        """Write summary.json, rounds.csv, clients.csv and curves.png under `out_dir`."""
+        return output.write_all(Path(out_dir), self.summary, self.rounds, self.clients)
+
+
+def evaluate(
+    algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn, block_size: int
+):
+    """Per-client test metrics of the models `algorithm` assigns to each client."""
+    models, index = algorithm.client_models(state)
+    if index is None:
+        index = jnp.zeros((dataset.num_clients,), jnp.int32)
+    counts = _evaluate_jit(apply_fn, dataset.arrays, models, index, block_size)
+    return client_metrics(jax.device_get(counts), dataset.test_counts())
+
+
+@jax.jit(static_argnums=(0, 4))
+def _evaluate_jit(apply_fn, data, models, index, block_size):
+    return engine.evaluate_counts(apply_fn, data, models, index, block_size)
+
+
+def run(
+    config: RunConfig,
+    out_dir: Optional[str | Path] = None,
+    progress: Optional[Callable[[int, dict], None]] = None,
+    dataset: Optional[FederatedDataset] = None,
+) -> RunResult:
+    """Train `config` and return its results; write them under `out_dir` if given.
+
+    `progress(round, row)` is called after every round with that round's metrics. A prepared
+    `dataset` may be passed to reuse it across runs (it must match the config's clients).
+    """
+    started = time.perf_counter()
+    dataset = dataset if dataset is not None else load_dataset(config)
+    data = dataset.arrays
+    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
+    key = jax.random.key(config.seed)
+    init_key, rounds_key = jax.random.split(key)
+    params_count = count_params(jax.eval_shape(model.init, init_key))
+    per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
+    block_size = config.block_size or engine.default_block_size(params_count, per_round)
+    algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
+    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
+
+    state = jax.jit(algorithm.init)(data, init_key)
+    round_fn = jax.jit(algorithm.round)
+    writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
+    rows: list[dict[str, Any]] = []
+    metrics = None
+    round_seconds = []
+    try:
+        for r in range(1, config.rounds + 1):
+            t0 = time.perf_counter()
+            new_state, round_metrics = round_fn(state, data, jax.random.fold_in(rounds_key, r))
+            row = {"round": r, **{k: float(v) for k, v in jax.device_get(round_metrics).items()}}
+            round_seconds.append(time.perf_counter() - t0)
+            row["seconds"] = round_seconds[-1]
+            if not all(math.isfinite(v) for v in row.values()):
+                raise TrainingDivergedError(
+                    f"training diverged in round {r}: train_loss={row['train_loss']} "
+                    f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
+                )
+            state = new_state
+            if r % config.eval_every == 0 or r == config.rounds:
+                metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
+                row.update(aggregate(metrics))
+            rows.append(row)
+            if writer is not None:
+                writer.append(row)
+            if progress is not None:
+                progress(r, row)
+    except TrainingDivergedError:
+        if writer is not None:
+            summary = _summary(config, dataset, rows, round_seconds, started, params_count,
+                               per_round, block_size, status="diverged")
+            output.write_summary(Path(out_dir), summary)
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+
+    summary = _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
+                       block_size, status="completed")
+    clients = _client_rows(dataset, metrics)
+    result = RunResult(config, summary, rows, clients, state)
+    if out_dir is not None:
+        output.write_summary(Path(out_dir), summary)
+        output.write_clients(Path(out_dir), clients)
+        output.plot_curves(Path(out_dir) / "curves.png", rows, title=_title(config))
+    return result
+
+
+def _title(config: RunConfig) -> str:
+    return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
+
+
+def _summary(config, dataset, rows, round_seconds, started, params_count, per_round, block_size,
+             status) -> dict[str, Any]:
+    evaluated = [row for row in rows if "accuracy_micro" in row]
+    summary: dict[str, Any] = {
+        "status": status,
+        "config": config.to_dict(),
+        "dataset": {
+            "name": dataset.name,
+            "clients": dataset.num_clients,
+            "train_samples": int(dataset.train_counts().sum()),
+            "test_samples": int(dataset.test_counts().sum()),
+            "num_classes": dataset.num_classes,
+        },
+        "num_params": params_count,
+        "clients_per_round": per_round,
+        "block_size": block_size,
+        "rounds_completed": len(rows),
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax_version": jax.__version__,
+    }
+    for key in EVAL_KEYS:
+        values = [row[key] for row in evaluated]
+        summary[f"final_{key}"] = values[-1] if values else None
+        summary[f"best_{key}"] = max(values) if values else None
+    summary["final_train_loss"] = rows[-1]["train_loss"] if rows else None
+    summary["wall_seconds"] = time.perf_counter() - started
+    # Round 1 includes compilation; later rounds show the steady state.
+    steady = round_seconds[1:] or round_seconds
+    summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
+    summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
+    return summary
+
+
+def _client_rows(dataset: FederatedDataset, metrics) -> list[dict[str, Any]]:
+    n_train = dataset.train_counts()
+    rows = []
+    for i, client_id in enumerate(dataset.client_ids):
+        row = {
+            "client_id": client_id,
+            "n_train": int(n_train[i]),
+            "n_test": int(metrics.n_test[i]),
+            "accuracy": float(metrics.accuracy[i]),
+            "f1": float(metrics.f1[i]),
+        }
+        if dataset.true_cluster is not None:
+            row["true_cluster"] = int(dataset.true_cluster[i])
+        rows.append(row)
+    return rows
