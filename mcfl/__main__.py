@@ -1,0 +1,5 @@
+import sys
+
+from mcfl.cli import main
+
+sys.exit(main())
