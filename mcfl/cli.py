@@ -54,7 +54,7 @@ def _count_or_fraction(text: str):
     try:
         return float(text) if any(c in text for c in ".eE") else int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count or a fraction, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a count or a fraction, got {text!r}") from None
 
 
 def _flag_type(name: str):

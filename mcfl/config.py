@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from pathlib import Path
 from typing import Any, Optional, Union
+
+import tomllib
 
 from mcfl.errors import ConfigError, choice_error
 
@@ -48,7 +49,8 @@ class RunConfig:
     weight_decay: float = 0.0
     mu: Optional[float] = None  # FedProx proximal weight; None: 0.01 (the authors' code)
     # server
-    clients_per_round: Optional[Union[int, float]] = None  # count or fraction; None: min(20, clients)
+    # a count (int) or a fraction (float); None: min(20, clients)
+    clients_per_round: Optional[Union[int, float]] = None
     server_lr: float = 1.0
     # execution and evaluation
     eval_every: int = 1
@@ -57,7 +59,7 @@ class RunConfig:
     def __post_init__(self):
         _validate(self)
 
-    def replace(self, **changes) -> "RunConfig":
+    def replace(self, **changes) -> RunConfig:
         return from_dict({**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
@@ -138,7 +140,9 @@ def parse_hidden(value) -> tuple[int, ...]:
             return tuple(int(v) for v in value.split(",") if v.strip())
         return tuple(int(v) for v in value)
     except (TypeError, ValueError):
-        raise ConfigError(f"hidden must be comma-separated integers like 200,200, got {value!r}")
+        raise ConfigError(
+            f"hidden must be comma-separated integers like 200,200, got {value!r}"
+        ) from None
 
 
 def load_file(path: Union[str, Path]) -> dict[str, Any]:
@@ -152,5 +156,5 @@ def load_file(path: Union[str, Path]) -> dict[str, Any]:
         if path.suffix == ".json":
             return json.loads(path.read_text())
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"config file {str(path)!r} is malformed: {e}")
+        raise ConfigError(f"config file {str(path)!r} is malformed: {e}") from None
     raise ConfigError(f"config file {str(path)!r} must end in .json or .toml")

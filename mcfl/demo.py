@@ -63,8 +63,10 @@ def run_demo(out: Path, rounds: Optional[int] = None, clients: Optional[int] = N
 
 
 def format_table(summaries: dict[str, dict]) -> str:
-    head = (f"{'algorithm':<10} {'acc micro':>9} {'best':>6} {'acc macro':>9} "
-            f"{'f1 micro':>8} {'f1 macro':>8} {'s/round':>8}")
+    head = (
+        f"{'algorithm':<10} {'acc micro':>9} {'best':>6} {'acc macro':>9} "
+        f"{'f1 micro':>8} {'f1 macro':>8} {'s/round':>8}"
+    )
     lines = [head, "-" * len(head)]
     for name, s in summaries.items():
         lines.append(

@@ -18,7 +18,8 @@ Layout of the work (see README, "How the engine works"):
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -119,12 +120,13 @@ def local_train(
     count: jax.Array,
     num_steps: jax.Array,
     loop_length: jax.Array,
-) -> tuple[PyTree, jax.Array]:
+) -> tuple[PyTree, jax.Array, jax.Array]:
     """One client's local training (unbatched; the engine vmaps it over a block).
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
     are real. Step s uses batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``.
-    Returns the trained parameters and the summed training loss of the real steps.
+    Returns the trained parameters, the summed training loss of the real steps, and the number
+    of steps that changed the parameters (counted, not assumed).
     """
     batch = training.batch_size
     steps_per_epoch = ceil_div(count, batch)
@@ -139,7 +141,7 @@ def local_train(
         return total, loss
 
     def step(s, carry):
-        p, opt_state, loss_sum = carry
+        p, opt_state, loss_sum, taken = carry
         epoch = jnp.minimum(s // steps_per_epoch, last_epoch)
         pos = (s % steps_per_epoch) * batch + positions
         mask = pos < count
@@ -151,11 +153,12 @@ def local_train(
         active = s < num_steps
         p = _select(active, optax.apply_updates(p, updates), p)
         opt_state = _select(active, new_opt_state, opt_state)
-        return p, opt_state, loss_sum + jnp.where(active, loss, 0.0)
+        return p, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
 
-    init = (params, training.optimizer.init(params), jnp.zeros((), jnp.float32))
-    params, _, loss_sum = jax.lax.fori_loop(0, loop_length, step, init)
-    return params, loss_sum
+    zero = jnp.zeros((), jnp.int32)
+    init = (params, training.optimizer.init(params), jnp.zeros((), jnp.float32), zero)
+    params, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
+    return params, loss_sum, taken
 
 
 def full_gradient(
@@ -245,9 +248,12 @@ def reduce_blocks(
         # [b, K] one-hot weights: a matmul, which accelerators do at full speed.
         mix = jax.nn.one_hot(block["segment"], num_segments) * block["weight"][:, None]
         sums = jax.tree.map(
-            lambda acc, leaf: acc
-            + jnp.tensordot(mix.T, leaf.astype(jnp.float32), axes=1,
-                            precision=jax.lax.Precision.HIGHEST),
+            lambda acc, leaf: (
+                acc
+                + jnp.tensordot(
+                    mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
+                )
+            ),
             sums,
             tree,
         )
@@ -304,12 +310,12 @@ def _training_block_fn(training, data, orders, start_models):
         start = jax.tree.map(lambda m: m[inp["start"]], start_models)
         offset = data.train_offsets[inp["client"]]
         count = data.train_counts[inp["client"]]
-        trained, loss_sum = local_train(
+        trained, loss_sum, taken = local_train(
             training, data, orders, start, start, offset, count, inp["steps"], loop_length
         )
         stats = ClientStats(
-            loss=loss_sum / jnp.maximum(inp["steps"], 1),
-            steps=jnp.minimum(inp["steps"], loop_length),
+            loss=loss_sum / jnp.maximum(taken, 1),
+            steps=taken,
             update_norm=jnp.sqrt(squared_distance(trained, start)),
         )
         return trained, stats

@@ -11,13 +11,14 @@ Parameter counts (pinned in tests/test_models.py):
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mcfl.errors import choice_error, ConfigError
+from mcfl.errors import ConfigError, choice_error
 
 
 class MCLR(nn.Module):

@@ -25,8 +25,16 @@ def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
 
 
 ROUND_COLUMNS = (
-    "round", "seconds", "train_loss", "discrepancy", "local_steps",
-    "accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro", "test_loss",
+    "round",
+    "seconds",
+    "train_loss",
+    "discrepancy",
+    "local_steps",
+    "accuracy_micro",
+    "accuracy_macro",
+    "f1_micro",
+    "f1_macro",
+    "test_loss",
 )
 
 
@@ -84,14 +92,29 @@ def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = ""
         prefix = f"{label} " if label else ""
         evaluated = [r for r in rows if r.get("accuracy_micro") is not None]
         x_eval = [r["round"] for r in evaluated]
-        line = ax_acc.plot(x_eval, [r["accuracy_micro"] for r in evaluated],
-                           label=f"{prefix}micro")[0]
-        ax_acc.plot(x_eval, [r["accuracy_macro"] for r in evaluated], linestyle="--",
-                    color=line.get_color(), label=f"{prefix}macro")
-        ax_loss.plot([r["round"] for r in rows], [r["train_loss"] for r in rows],
-                     color=line.get_color(), label=f"{prefix}train")
-        ax_loss.plot(x_eval, [r["test_loss"] for r in evaluated], linestyle="--",
-                     color=line.get_color(), label=f"{prefix}test")
+        line = ax_acc.plot(
+            x_eval, [r["accuracy_micro"] for r in evaluated], label=f"{prefix}micro"
+        )[0]
+        ax_acc.plot(
+            x_eval,
+            [r["accuracy_macro"] for r in evaluated],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{prefix}macro",
+        )
+        ax_loss.plot(
+            [r["round"] for r in rows],
+            [r["train_loss"] for r in rows],
+            color=line.get_color(),
+            label=f"{prefix}train",
+        )
+        ax_loss.plot(
+            x_eval,
+            [r["test_loss"] for r in evaluated],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{prefix}test",
+        )
     ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
     ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss", yscale="log")
     for ax in (ax_acc, ax_loss):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -112,16 +113,34 @@ def run(
                 progress(r, row)
     except TrainingDivergedError:
         if writer is not None:
-            summary = _summary(config, dataset, rows, round_seconds, started, params_count,
-                               per_round, block_size, status="diverged")
+            summary = _summary(
+                config,
+                dataset,
+                rows,
+                round_seconds,
+                started,
+                params_count,
+                per_round,
+                block_size,
+                status="diverged",
+            )
             output.write_summary(Path(out_dir), summary)
         raise
     finally:
         if writer is not None:
             writer.close()
 
-    summary = _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
-                       block_size, status="completed")
+    summary = _summary(
+        config,
+        dataset,
+        rows,
+        round_seconds,
+        started,
+        params_count,
+        per_round,
+        block_size,
+        status="completed",
+    )
     clients = _client_rows(dataset, metrics)
     result = RunResult(config, summary, rows, clients, state)
     if out_dir is not None:
@@ -135,8 +154,9 @@ def _title(config: RunConfig) -> str:
     return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
 
 
-def _summary(config, dataset, rows, round_seconds, started, params_count, per_round, block_size,
-             status) -> dict[str, Any]:
+def _summary(
+    config, dataset, rows, round_seconds, started, params_count, per_round, block_size, status
+) -> dict[str, Any]:
     evaluated = [row for row in rows if "accuracy_micro" in row]
     summary: dict[str, Any] = {
         "status": status,

@@ -19,9 +19,7 @@ def resolve_clients_per_round(value: int | float | None, num_clients: int) -> in
         raise ConfigError(f"clients_per_round must be a count or a fraction, got {value!r}")
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
-            raise ConfigError(
-                f"clients_per_round as a fraction must be in (0, 1], got {value}"
-            )
+            raise ConfigError(f"clients_per_round as a fraction must be in (0, 1], got {value}")
         return max(1, int(round(value * num_clients)))
     if not 1 <= value <= num_clients:
         raise ConfigError(

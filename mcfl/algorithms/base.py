@@ -8,7 +8,8 @@ Hyperparameters are closed over by the factory that builds the tuple (as optax d
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

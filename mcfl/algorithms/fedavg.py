@@ -39,8 +39,15 @@ def fedavg(
         weights = data.train_counts[clients]
         start = stack(state.params)
         sums, weight_sums, stats = train_and_aggregate(
-            training, data, train_key, start, RoundClients(clients, zeros),
-            weights, zeros, 1, block_size,
+            training,
+            data,
+            train_key,
+            start,
+            RoundClients(clients, zeros),
+            weights,
+            zeros,
+            1,
+            block_size,
         )
         average = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
         params = jax.tree.map(lambda p, a: p + server_lr * (a - p), state.params, average)

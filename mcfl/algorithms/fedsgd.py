@@ -39,8 +39,15 @@ def fedsgd(
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         sums, weight_sums, losses = gradients_and_aggregate(
-            model.apply, data, stack(state.params), RoundClients(clients, zeros),
-            weights, zeros, 1, block_size, chunk,
+            model.apply,
+            data,
+            stack(state.params),
+            RoundClients(clients, zeros),
+            weights,
+            zeros,
+            1,
+            block_size,
+            chunk,
         )
         grad = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
         updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
@@ -48,8 +55,10 @@ def fedsgd(
         w = weights.astype(jnp.float32)
         metrics = {
             "train_loss": jnp.sum(w * losses) / jnp.sum(w),
-            "discrepancy": optax.global_norm(updates),  # every client shares the server step
+            # Clients send gradients and keep no model of their own: Eq. 3's w_i is w_t.
+            "discrepancy": jnp.zeros(()),
             "local_steps": jnp.ones(()),
+            "server_step_norm": optax.tree.norm(updates),
         }
         return FedSGDState(params, opt_state), metrics
 

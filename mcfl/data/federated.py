@@ -8,7 +8,8 @@ handled by the engine with masks, so the shapes below are fixed for a whole run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import flax.struct
 import jax
@@ -130,7 +131,7 @@ def from_owner(
     empty = np.flatnonzero(counts == 0)
     if empty.size:
         raise DataError(
-            f"{empty.size} client(s) have no data (first: {list(empty[:5])}); "
+            f"{empty.size} client(s) have no data (first: {empty[:5].tolist()}); "
             "every client needs at least one sample"
         )
     train_rows, test_rows = split_train_test(owner, num_clients, test_fraction, rng)
@@ -169,7 +170,7 @@ def from_splits(
     no_train = np.flatnonzero(ctr == 0)
     if no_train.size:
         raise DataError(
-            f"{no_train.size} client(s) have no training data (first: {list(no_train[:5])})"
+            f"{no_train.size} client(s) have no training data (first: {no_train[:5].tolist()})"
         )
     if client_ids is None:
         client_ids = tuple(str(i) for i in range(num_clients))

@@ -1,0 +1,59 @@
+"""A plain per-client Python loop, the reference the vectorised engine must agree with.
+
+It follows the engine's documented batch rule (step s of a client with n rows uses batch
+``s % ceil(n/B)`` of epoch ``s // ceil(n/B)`` of `epoch_orders`) with one jitted gradient step
+per call and no vmap, blocks, masks or sorting.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mcfl.engine import LocalTraining, epoch_orders, num_epochs_needed
+
+
+def reference_local_train(training: LocalTraining, data, orders, params, client: int):
+    offset = int(data.train_offsets[client])
+    n = int(data.train_counts[client])
+    B = training.batch_size
+    steps_per_epoch = -(-n // B)
+    steps = training.local_steps or training.local_epochs * steps_per_epoch
+    anchor = params
+    opt_state = training.optimizer.init(params)
+
+    @jax.jit
+    def step(p, opt_state, xb, yb):
+        def objective(q):
+            loss = jnp.mean(
+                optax.softmax_cross_entropy_with_integer_labels(training.apply_fn(q, xb), yb)
+            )
+            sq = sum(
+                jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(anchor))
+            )
+            return loss + 0.5 * training.mu * sq
+
+        grads = jax.grad(objective)(p)
+        updates, opt_state = training.optimizer.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state
+
+    for s in range(steps):
+        epoch, b = divmod(s, steps_per_epoch)
+        pos = np.arange(b * B, min((b + 1) * B, n))  # a partial last batch, not masked
+        rows = np.asarray(orders[epoch, offset + pos])
+        params, opt_state = step(params, opt_state, data.x_train[rows], data.y_train[rows])
+    return params, steps
+
+
+def reference_fedavg_round(training, data, params, clients, train_key):
+    """One FedAvg round: each client trains from `params`; average weighted by n_i."""
+    orders = epoch_orders(train_key, data, num_epochs_needed(data.min_train_count, training))
+    models, weights = [], []
+    for c in np.asarray(clients):
+        trained, _ = reference_local_train(training, data, orders, params, int(c))
+        models.append(trained)
+        weights.append(float(data.train_counts[c]))
+    w = np.asarray(weights) / np.sum(weights)
+    return jax.tree.map(lambda *leaves: sum(wi * leaf for wi, leaf in zip(w, leaves)), *models)

@@ -1,0 +1,152 @@
+"""The command line and `mcfl.run`: outputs, config handling, bad input, NaN, recompiles."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+
+import mcfl
+import mcfl.runner
+from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.cli import main
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+SMALL = ["--clients", "8", "--rounds", "3", "--clients-per-round", "4", "--seed", "1"]
+
+
+def test_run_writes_summary_rounds_clients_and_plot(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--algorithm", "fedprox", "--mu", "0.1", *SMALL, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["config"]["algorithm"] == "fedprox" and summary["config"]["mu"] == 0.1
+    for key in ("accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro"):
+        assert 0 <= summary[f"final_{key}"] <= summary[f"best_{key}"] <= 1
+    assert summary["wall_seconds"] > 0 and summary["seconds_per_round"] > 0
+    rounds = _csv(out / "rounds.csv")
+    assert [int(r["round"]) for r in rounds] == [1, 2, 3]
+    assert float(rounds[-1]["accuracy_micro"]) == pytest.approx(summary["final_accuracy_micro"])
+    clients = _csv(out / "clients.csv")
+    assert len(clients) == 8
+    assert {"client_id", "n_train", "n_test", "accuracy"} <= set(clients[0])
+    assert (out / "curves.png").stat().st_size > 1000
+    assert "accuracy micro" in capsys.readouterr().out
+
+
+def test_config_file_with_flag_override(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        'algorithm = "local"\nclients = 8\nrounds = 2\nlocal_steps = 3\nclients_per_round = 0.5\n'
+    )
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(cfg), "--rounds", "1", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["algorithm"] == "local"
+    assert summary["rounds_completed"] == 1  # the flag wins over the file
+    assert summary["clients_per_round"] == 4  # 0.5 of 8 clients
+
+
+def test_python_api_writes_nothing_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = mcfl.run(mcfl.RunConfig(clients=6, rounds=2, clients_per_round=3, eval_every=2))
+    assert list(tmp_path.iterdir()) == []
+    assert [r["round"] for r in result.rounds] == [1, 2]
+    assert "accuracy_micro" not in result.rounds[0] and "accuracy_micro" in result.rounds[1]
+    assert len(result.clients) == 6 and result.summary["final_accuracy_micro"] is not None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algorithm", "fedmagic"], "unknown algorithm 'fedmagic'; allowed: fedavg, fedprox"),
+        (["--dataset", "imagenet"], "unknown dataset 'imagenet'; allowed: synthetic"),
+        (["--model", "resnet"], "unknown model 'resnet'; allowed: mclr, mlp"),
+        (["--clients", "0"], "clients must be an integer >= 1, got 0"),
+        (["--rounds", "0"], "rounds must be an integer >= 1, got 0"),
+        (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
+        (["--clients", "5", "--clients-per-round", "9"], "between 1 and the 5 clients, got 9"),
+        (["--mu", "0.1"], "mu applies to algorithm 'fedprox' only"),
+        (["--clients", "ten"], "argument --clients: invalid int value: 'ten'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, message, capsys):
+    try:
+        code = main(["run", *argv])
+    except SystemExit as e:  # argparse's own type errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_config_key_is_named(tmp_path, capsys):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"learning_rate": 0.1}))
+    assert main(["run", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key(s) 'learning_rate'; allowed: algorithm, dataset" in err
+
+
+def test_console_entry_point_has_no_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "mcfl", "run", "--algorithm", "nope"], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("mcfl: error: unknown algorithm 'nope'")
+    assert "Traceback" not in proc.stderr
+
+
+def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAlgorithm:
+    """Wrap an algorithm so that its train loss turns NaN from round `bad_from_round` on."""
+
+    def init(data, key):
+        return (algorithm.init(data, key), jnp.zeros((), jnp.int32))
+
+    def round_(state, data, key):
+        inner, count = state
+        inner, metrics = algorithm.round(inner, data, key)
+        count = count + 1
+        metrics["train_loss"] = jnp.where(count >= bad_from_round, jnp.nan, metrics["train_loss"])
+        return (inner, count), metrics
+
+    return FederatedAlgorithm(algorithm.name, init, round_, lambda s: algorithm.client_models(s[0]))
+
+
+def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys):
+    build = mcfl.runner.build_algorithm
+    monkeypatch.setattr(
+        mcfl.runner, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
+    )
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "training diverged in round 3" in err and "rounds 1-2 were kept" in err
+    rounds = _csv(out / "rounds.csv")
+    assert [int(r["round"]) for r in rounds] == [1, 2]
+    assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_runner_compiles_the_round_once(monkeypatch):
+    build = mcfl.runner.build_algorithm
+
+    def counted(*args, **kwargs):
+        algorithm = build(*args, **kwargs)
+        return algorithm._replace(round=chex.assert_max_traces(algorithm.round, n=1))
+
+    monkeypatch.setattr(mcfl.runner, "build_algorithm", counted)
+    result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
+    assert result.summary["rounds_completed"] == 4
+    chex.clear_trace_counter()
+    jax.clear_caches()

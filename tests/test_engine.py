@@ -1,0 +1,199 @@
+"""The engine against hand-computed numbers and a plain per-client reference loop."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import ragged_dataset
+from reference import reference_fedavg_round, reference_local_train
+
+from mcfl.algorithms import fedavg, fedsgd, local
+from mcfl.algorithms.fedavg import GlobalModelState
+from mcfl.data.federated import from_splits
+from mcfl.engine import (
+    LocalTraining,
+    RoundClients,
+    client_num_steps,
+    epoch_orders,
+    reduce_blocks,
+    train_and_collect,
+)
+from mcfl.models import make_model
+from mcfl.sampling import sample_clients
+
+SIZES = [3, 300, 17, 40, 9, 64]
+
+
+def _model(data):
+    return make_model("mclr", (5,), data.num_classes)
+
+
+def _training(model, mu=0.0, **kw):
+    kw.setdefault("batch_size", 10)
+    kw.setdefault("local_epochs", 2)
+    return LocalTraining(model.apply, optax.sgd(0.05), mu=mu, **kw)
+
+
+def test_epoch_orders_permute_each_client_and_ignore_other_clients(ragged):
+    data = ragged.arrays
+    orders = np.asarray(epoch_orders(jax.random.key(1), data, 3))
+    offsets, counts = np.asarray(data.train_offsets), np.asarray(data.train_counts)
+    for e in range(3):
+        for off, n in zip(offsets, counts):
+            np.testing.assert_array_equal(
+                np.sort(orders[e, off : off + n]), np.arange(off, off + n)
+            )
+    big = slice(offsets[1], offsets[1] + counts[1])
+    assert not np.array_equal(orders[0, big], orders[1, big])  # a fresh order every epoch
+    # Client 1's order depends on its own key only: resize client 2 and it is unchanged.
+    other = ragged_dataset([3, 300, 5, 40, 9, 64]).arrays
+    orders2 = np.asarray(epoch_orders(jax.random.key(1), other, 3))
+    np.testing.assert_array_equal(orders[:, big] - offsets[1], orders2[:, big] - offsets[1])
+
+
+def test_each_client_trains_exactly_its_own_steps(ragged):
+    """A 3-sample and a 300-sample client: ceil(n/B) steps per epoch each, no more."""
+    data = ragged.arrays
+    model = _model(ragged)
+    training = _training(model)
+    params = model.init(jax.random.key(0))
+    clients = jnp.arange(6, dtype=jnp.int32)
+    key = jax.random.key(3)
+    models, stats = train_and_collect(
+        training,
+        data,
+        key,
+        jax.tree.map(lambda p: p[None], params),
+        RoundClients(clients, jnp.zeros_like(clients)),
+        block_size=6,
+    )
+    expected = [2 * -(-n // 10) for n in SIZES]
+    np.testing.assert_array_equal(stats.steps, expected)
+    np.testing.assert_array_equal(client_num_steps(data.train_counts, training), expected)
+    orders = epoch_orders(key, data, 2)
+    for c in (0, 1):  # the 3-sample and the 300-sample client
+        ref, steps = reference_local_train(training, data, orders, params, c)
+        assert steps == expected[c]
+        chex.assert_trees_all_close(jax.tree.map(lambda m, c=c: m[c], models), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("mu, block_size", [(0.0, 1), (0.0, 4), (0.0, 6), (0.5, 4)])
+def test_fedavg_and_fedprox_match_per_client_loop(ragged, mu, block_size):
+    data = ragged.arrays
+    model = _model(ragged)
+    training = _training(model, mu=mu)
+    algorithm = fedavg(model, training, clients_per_round=5, block_size=block_size)
+    state = algorithm.init(data, jax.random.key(0))
+    key = jax.random.key(7)
+    new_state, metrics = jax.jit(algorithm.round)(state, data, key)
+
+    sample_key, train_key = jax.random.split(key)
+    clients = sample_clients(sample_key, 6, 5)
+    expected = reference_fedavg_round(training, data, state.params, clients, train_key)
+    chex.assert_trees_all_close(new_state.params, expected, atol=1e-5)
+    assert np.isfinite(metrics["train_loss"]) and metrics["discrepancy"] > 0
+
+
+def test_local_with_fixed_steps_matches_per_client_loop(ragged):
+    """Local keeps one model per client; with --local-steps 5 the 3-sample client cycles
+    through 5 epochs of its data while the 300-sample one uses 5 batches of one epoch."""
+    data = ragged.arrays
+    model = _model(ragged)
+    training = _training(model, local_steps=5)
+    algorithm = local(model, training, clients_per_round=4, block_size=3)
+    state = algorithm.init(data, jax.random.key(0))
+    key = jax.random.key(11)
+    new_state, metrics = jax.jit(algorithm.round)(state, data, key)
+    assert metrics["local_steps"] == 5
+
+    sample_key, train_key = jax.random.split(key)
+    clients = np.asarray(sample_clients(sample_key, 6, 4))
+    orders = epoch_orders(train_key, data, 5)
+    init = jax.tree.map(lambda p: p[0], state.params)
+    for c in range(6):
+        got = jax.tree.map(lambda p, c=c: p[c], new_state.params)
+        if c in clients:
+            want, _ = reference_local_train(training, data, orders, init, c)
+        else:
+            want = init  # not sampled: untouched
+        chex.assert_trees_all_close(got, want, atol=1e-5)
+
+
+def test_fedavg_with_one_full_batch_step_equals_fedsgd(ragged):
+    data = ragged.arrays
+    model = _model(ragged)
+    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=300, local_steps=1)
+    avg = fedavg(model, training, clients_per_round=6, block_size=4)
+    sgd = fedsgd(model, optax.sgd(0.1), clients_per_round=6, block_size=4, chunk=7)
+    s_avg = avg.init(data, jax.random.key(0))
+    s_sgd = sgd.init(data, jax.random.key(0))
+    for r in range(2):
+        s_avg, _ = jax.jit(avg.round)(s_avg, data, jax.random.key(r))
+        s_sgd, _ = jax.jit(sgd.round)(s_sgd, data, jax.random.key(r))
+    chex.assert_trees_all_close(s_avg.params, s_sgd.params, atol=1e-6)
+
+
+def test_fedavg_hand_computed():
+    """Two clients, one feature, two classes, zero initial model, one SGD step (lr 0.1).
+
+    At W = 0 both classes have p = 1/2, so dCE/dlogits = p - onehot(y) = -+1/2.
+    Client A (x=1, y=0, n=1): kernel -= 0.1 * 1 * [-1/2, 1/2] -> [0.05, -0.05]; bias the same.
+    Client B (x=2, y=1, n=2): kernel -= 0.1 * 2 * [1/2, -1/2] -> [-0.1, 0.1]; bias [-0.05, 0.05].
+    Average weighted 1:2 -> kernel [-0.05, 0.05], bias [-1/60, 1/60].
+    """
+    train = (np.array([[1.0], [2.0], [2.0]], np.float32), np.array([0, 1, 1]), np.array([0, 1, 1]))
+    test = (np.array([[1.0], [2.0]], np.float32), np.array([0, 1]), np.array([0, 1]))
+    dataset = from_splits("hand", train, test, 2, 2)
+    model = make_model("mclr", (1,), 2)
+    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=2)
+    algorithm = fedavg(model, training, clients_per_round=2, block_size=2)
+    zeros = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+    state, metrics = jax.jit(algorithm.round)(
+        GlobalModelState(zeros), dataset.arrays, jax.random.key(0)
+    )
+    np.testing.assert_allclose(state.params["Dense_0"]["kernel"], [[-0.05, 0.05]], atol=1e-7)
+    np.testing.assert_allclose(state.params["Dense_0"]["bias"], [-1 / 60, 1 / 60], atol=1e-7)
+    np.testing.assert_allclose(metrics["train_loss"], np.log(2), rtol=1e-6)
+    # Discrepancy: mean of ||W_A - 0|| = 0.1 and ||W_B - 0|| = sqrt(0.025).
+    np.testing.assert_allclose(metrics["discrepancy"], (0.1 + np.sqrt(0.025)) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", ["fedavg", "local", "fedsgd"])
+def test_rounds_do_not_recompile(ragged, make):
+    data = ragged.arrays
+    model = _model(ragged)
+    training = _training(model)
+    algorithm = {
+        "fedavg": lambda: fedavg(model, training, 3, 2),
+        "local": lambda: local(model, training, 3, 2),
+        "fedsgd": lambda: fedsgd(model, optax.sgd(0.1), 3, 2),
+    }[make]()
+    round_fn = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
+    state = algorithm.init(data, jax.random.key(0))
+    for r in range(3):  # different clients sampled every round, same program
+        state, _ = round_fn(state, data, jax.random.key(r))
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 10])
+def test_reduce_blocks_equals_weighted_segment_sums(block_size):
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(10, 4)).astype(np.float32)
+    segments = rng.integers(0, 3, 10)
+    weights = rng.uniform(0.5, 2, 10).astype(np.float32)
+    inputs = {
+        "v": jnp.asarray(values),
+        "segment": jnp.asarray(segments, jnp.int32),
+        "weight": jnp.asarray(weights),
+    }
+    sums, wsums, aux = reduce_blocks(
+        lambda b: (b["v"], b["segment"]), inputs, block_size, 3, like=jnp.zeros(4)
+    )
+    for k in range(3):
+        sel = segments == k
+        np.testing.assert_allclose(sums[k], (weights[sel, None] * values[sel]).sum(0), rtol=1e-5)
+        np.testing.assert_allclose(wsums[k], weights[sel].sum(), rtol=1e-6)
+    np.testing.assert_array_equal(aux, segments)
