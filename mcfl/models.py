@@ -73,24 +73,27 @@ MODEL_NAMES = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
 
 
 class ModelSpec(NamedTuple):
-    """A model by name: `apply(params, x) -> logits` and `init(key) -> params`."""
+    """A model by name: `apply(params, x) -> logits` and `init(key) -> params`.
+
+    `apply` is built once per model, so jitted functions that take it as a static argument
+    compile once per model, not once per call.
+    """
 
     name: str
     module: nn.Module
     feature_shape: tuple[int, ...]
+    apply: Callable
 
     def init(self, key: jax.Array):
         dummy = jnp.zeros((1,) + tuple(self.feature_shape), jnp.float32)
         return self.module.init(key, dummy)["params"]
 
-    @property
-    def apply(self) -> Callable:
-        module = self.module
 
-        def apply(params, x):
-            return module.apply({"params": params}, x.astype(jnp.float32))
+def _apply_fn(module: nn.Module) -> Callable:
+    def apply(params, x):
+        return module.apply({"params": params}, x.astype(jnp.float32))
 
-        return apply
+    return apply
 
 
 def _image_shape(feature_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -127,7 +130,7 @@ def make_model(
         module = ConvNet(num_classes, _image_shape(feature_shape), dense=2048)
     else:
         raise choice_error("model", name, MODEL_NAMES)
-    return ModelSpec(name, module, tuple(feature_shape))
+    return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module))
 
 
 def count_params(params) -> int:
