@@ -8,6 +8,7 @@ Bad input ends in one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import typing
 from pathlib import Path
@@ -18,7 +19,12 @@ from mcfl.errors import ConfigError, McflError
 
 HELP = {
     "algorithm": "fedavg | fedprox | fedsgd | local",
-    "dataset": "synthetic",
+    "dataset": "synthetic | mnist5k | mnist | fmnist | digits | leaf | tfds:NAME",
+    "data_dir": "folder holding the dataset's files",
+    "download": "let tensorflow-datasets download the data (never by default)",
+    "partition": "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
+    "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5)",
+    "normalize": "scale | standardize | none (default: the partition recipe's)",
     "clients": "number of clients",
     "rounds": "communication rounds",
     "seed": "seed of the run (initial model, sampling, shuffles)",
@@ -41,6 +47,10 @@ HELP = {
     "eval_every": "evaluate every N rounds (and after the last)",
     "block_size": "clients per vmapped block (default: from model size and backend)",
 }
+
+
+DATA_FLAGS = ("dataset", "data_dir", "download", "partition", "clients", "seed", "data_seed",
+              "test_fraction", "normalize", "synthetic_alpha", "synthetic_beta")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,16 +77,34 @@ def _flag_type(name: str):
     return base[0]
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, names=tuple(FIELDS)) -> None:
     parser.add_argument("--config", metavar="FILE", help="JSON or TOML config file")
-    for name in FIELDS:
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        if typing.get_type_hints(RunConfig)[name] is bool:
+            parser.add_argument(flag, dest=name, action="store_true",
+                                default=argparse.SUPPRESS, help=HELP.get(name))
+            continue
         parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=_flag_type(name),
-            default=argparse.SUPPRESS,
+            flag, dest=name, type=_flag_type(name), default=argparse.SUPPRESS,
             help=HELP.get(name),
         )
+
+
+def add_cache_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", metavar="DIR",
+                        help="where prepared datasets are cached (default $MCFL_CACHE_DIR "
+                        "or ~/.cache/mcfl)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="neither read nor write the dataset cache")
+
+
+def cache_dir_from_args(args) -> Optional[Path]:
+    from mcfl.data.cache import default_cache_dir
+
+    if args.no_cache:
+        return None
+    return Path(args.cache_dir) if args.cache_dir else default_cache_dir()
 
 
 def config_from_args(args: argparse.Namespace, base: Optional[dict] = None) -> RunConfig:
@@ -114,7 +142,7 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else _default_out(config)
     bar, update = _progress_bar(config.rounds, config.algorithm)
     try:
-        result = run(config, out_dir=out, progress=update)
+        result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args))
     finally:
         bar.close()
     s = result.summary
@@ -124,6 +152,25 @@ def cmd_run(args) -> int:
         f"f1 micro {s['final_f1_micro']:.4f}; {s['seconds_per_round']:.3f} s/round; "
         f"results in {out}/"
     )
+    return 0
+
+
+def cmd_data_describe(args) -> int:
+    from mcfl.data import load_dataset
+    from mcfl.data.describe import describe, format_description
+
+    dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
+    summary = describe(dataset)
+    print(json.dumps(summary, indent=2) if args.json else format_description(summary))
+    return 0
+
+
+def cmd_data_plot(args) -> int:
+    from mcfl.data import load_dataset
+    from mcfl.data.describe import plot_label_distribution
+
+    dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
+    print(f"label distribution: {plot_label_distribution(dataset, Path(args.out))}")
     return 0
 
 
@@ -140,8 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_run = sub.add_parser("run", help="train one algorithm and write its results")
     add_config_flags(p_run)
+    add_cache_flags(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
     p_run.set_defaults(func=cmd_run)
+
+    p_data = sub.add_parser("data", help="inspect a federated dataset")
+    data_sub = p_data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    p_describe = data_sub.add_parser("describe", help="clients, samples and classes per client")
+    p_plot = data_sub.add_parser("plot", help="PNG heat map of the labels of each client")
+    for p in (p_describe, p_plot):
+        add_config_flags(p, DATA_FLAGS)
+        add_cache_flags(p)
+    p_describe.add_argument("--json", action="store_true", help="print JSON")
+    p_describe.set_defaults(func=cmd_data_describe)
+    p_plot.add_argument("--out", default="label_distribution.png", metavar="PNG")
+    p_plot.set_defaults(func=cmd_data_plot)
 
     p_demo = sub.add_parser("demo", help="FedAvg vs FedProx vs Local on Synthetic(1,1)")
     p_demo.add_argument("--out", default="runs/demo", metavar="DIR")

@@ -17,7 +17,9 @@ import tomllib
 from mcfl.errors import ConfigError, choice_error
 
 ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local")
-DATASETS = ("synthetic",)
+DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
+TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
+NORMALIZATIONS = ("scale", "standardize", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
 
@@ -32,10 +34,16 @@ class RunConfig:
     rounds: int = 50
     seed: int = 0
     data_seed: Optional[int] = None  # None: same as seed
+    data_dir: Optional[str] = None  # where file-based datasets live
+    download: bool = False  # let tensorflow-datasets download (never by default)
+    # "iid", "dirichlet:0.5", "shards:2", "fedprox-mnist", "ditto-fmnist", "rotated:4", ...;
+    # None: natural users for synthetic and leaf, iid otherwise
+    partition: Optional[str] = None
+    test_fraction: Optional[float] = None  # None: the recipe's (0.1 FedProx, 1/7 Ditto, else 0.2)
+    normalize: Optional[str] = None  # scale | standardize | none; None: the recipe's
     # Synthetic(alpha, beta) (FedProx generator)
     synthetic_alpha: float = 1.0
     synthetic_beta: float = 1.0
-    test_fraction: Optional[float] = None  # None: the dataset's recipe (0.1 for synthetic)
     # model
     model: str = "mclr"
     hidden: tuple[int, ...] = (200, 200)
@@ -80,8 +88,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 def _validate(c: RunConfig) -> None:
     if c.algorithm not in ALGORITHMS:
         raise choice_error("algorithm", c.algorithm, ALGORITHMS)
-    if c.dataset not in DATASETS:
-        raise choice_error("dataset", c.dataset, DATASETS)
+    _validate_data(c)
     if c.model not in MODELS:
         raise choice_error("model", c.model, MODELS)
     if c.client_optimizer not in OPTIMIZERS:
@@ -118,6 +125,34 @@ def _validate(c: RunConfig) -> None:
     from mcfl.sampling import resolve_clients_per_round
 
     resolve_clients_per_round(c.clients_per_round, c.clients)
+
+
+def _validate_data(c: RunConfig) -> None:
+    if c.dataset.startswith("tfds:"):
+        base = c.dataset[len("tfds:"):].split("/")[0]
+        if base not in TFDS_NAMES:
+            raise choice_error("tfds dataset", base, TFDS_NAMES)
+    elif c.dataset not in DATASETS:
+        raise choice_error("dataset", c.dataset, DATASETS)
+    if c.normalize is not None and c.normalize not in NORMALIZATIONS:
+        raise choice_error("normalize", c.normalize, NORMALIZATIONS)
+    from mcfl.data.spec import parse_partition
+
+    if c.partition is not None:
+        part = parse_partition(c.partition)
+        natural_only = c.dataset in ("synthetic", "leaf")
+        if natural_only and (part.kind != "natural" or part.planted):
+            raise ConfigError(
+                f"dataset {c.dataset!r} comes split by its own users: its partition is "
+                f"'natural', not {c.partition!r}"
+            )
+        if not natural_only and part.kind == "natural":
+            raise ConfigError(
+                f"partition 'natural' needs per-user data (dataset synthetic or leaf), "
+                f"not {c.dataset!r}"
+            )
+    if c.dataset == "leaf" and c.test_fraction is not None:
+        raise ConfigError("leaf data brings its own test files; test_fraction does not apply")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

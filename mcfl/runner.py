@@ -66,14 +66,16 @@ def run(
     out_dir: Optional[str | Path] = None,
     progress: Optional[Callable[[int, dict], None]] = None,
     dataset: Optional[FederatedDataset] = None,
+    cache_dir: Optional[str | Path] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given.
 
     `progress(round, row)` is called after every round with that round's metrics. A prepared
     `dataset` may be passed to reuse it across runs (it must match the config's clients).
+    With `cache_dir`, the prepared dataset is read from / written to that cache.
     """
     started = time.perf_counter()
-    dataset = dataset if dataset is not None else load_dataset(config)
+    dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     data = dataset.arrays
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
     key = jax.random.key(config.seed)

@@ -1,32 +1,145 @@
-"""Federated datasets: loading, partitioning, and the flat on-device layout."""
+"""Federated datasets: loading, partitioning, caching, and the flat on-device layout."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
 from mcfl.config import RunConfig
+from mcfl.data import cache, partition
+from mcfl.data.arrays import LabelledArrays
 from mcfl.data.federated import FederatedData, FederatedDataset, from_owner, from_splits
+from mcfl.data.loaders import load_arrays, normalize
 from mcfl.data.partition import dirichlet, iid
+from mcfl.data.spec import Partition, parse_partition
 from mcfl.data.synthetic import generate_synthetic
 
 __all__ = [
     "FederatedData",
     "FederatedDataset",
+    "LabelledArrays",
     "from_owner",
     "from_splits",
     "dirichlet",
     "iid",
     "generate_synthetic",
     "load_dataset",
+    "build_dataset",
+    "partition_arrays",
+    "parse_partition",
 ]
 
+# Recipe defaults (../shared/ALGORITHMS.md): the FedProx generators split 90/10, Ditto's test
+# rows are 1/6 of its train rows (1/7 of all), everything else 80/20.
+_TEST_FRACTION = {"fedprox-mnist": 0.1, "ditto-fmnist": 1 / 7}
+_STANDARDIZED = ("fedprox-mnist", "ditto-fmnist")
 
-def load_dataset(config: RunConfig) -> FederatedDataset:
-    """The federated dataset a config names (built on the host, then put on the device)."""
-    seed = config.seed if config.data_seed is None else config.data_seed
-    # config.dataset is validated against DATASETS; synthetic is the only one so far.
-    return generate_synthetic(
-        config.clients,
-        config.synthetic_alpha,
-        config.synthetic_beta,
-        seed,
-        test_fraction=0.1 if config.test_fraction is None else config.test_fraction,
+
+def data_seed(config: RunConfig) -> int:
+    return config.seed if config.data_seed is None else config.data_seed
+
+
+def partition_of(config: RunConfig) -> Partition:
+    """The config's partition, or the dataset's default (natural users, else IID)."""
+    if config.partition is not None:
+        return parse_partition(config.partition)
+    return parse_partition("natural" if config.dataset in ("synthetic", "leaf") else "iid")
+
+
+def test_fraction_of(config: RunConfig, part: Partition) -> float:
+    if config.test_fraction is not None:
+        return config.test_fraction
+    if config.dataset == "synthetic":
+        return 0.1
+    return _TEST_FRACTION.get(part.kind, 0.2)
+
+
+def normalization_of(config: RunConfig, part: Partition) -> str:
+    if config.normalize is not None:
+        return config.normalize
+    return "standardize" if part.kind in _STANDARDIZED else "scale"
+
+
+def partition_arrays(
+    arrays: LabelledArrays,
+    part: Partition,
+    num_clients: int,
+    test_fraction: float,
+    normalization: str,
+    seed: int,
+) -> FederatedDataset:
+    """Split one labelled dataset over clients by `part`, planting clusters if asked."""
+    rng = np.random.default_rng(seed)
+    y = arrays.y
+    if part.kind == "iid":
+        owner = partition.iid(len(y), num_clients, rng)
+    elif part.kind == "dirichlet":
+        owner = partition.dirichlet(y, num_clients, part.arg, rng)
+    elif part.kind == "shards":
+        owner = partition.shards(y, num_clients, int(part.arg), arrays.num_classes, rng)
+    elif part.kind == "fedprox-mnist":
+        owner = partition.fedprox_mnist(y, num_clients, arrays.num_classes, rng)
+    elif part.kind == "ditto-fmnist":
+        owner = partition.ditto_fmnist(y, num_clients, arrays.num_classes, rng)
+    else:  # "natural" needs per-user data; validated in the config
+        raise ValueError(f"partition {part.kind} does not apply to array datasets")
+
+    x_raw, true_cluster = arrays.x, None
+    if part.planted is not None:
+        true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng)
+        row_cluster = np.where(owner >= 0, true_cluster[np.maximum(owner, 0)], 0)
+        if part.planted == "rotated":
+            x_raw = partition.rotate_images(arrays.x, row_cluster, part.clusters)
+        else:
+            perms = partition.label_permutations(part.clusters, arrays.num_classes, rng)
+            y = perms[row_cluster, y]
+    x = normalize(
+        LabelledArrays(arrays.name, x_raw, y, arrays.num_classes, arrays.official_train),
+        normalization,
     )
+    return from_owner(
+        f"{arrays.name}/{part}", x, y, owner, num_clients, arrays.num_classes, test_fraction,
+        rng, true_cluster=true_cluster, stratify=True,
+    )
+
+
+def build_dataset(config: RunConfig) -> FederatedDataset:
+    """Build the federated dataset a config names (on the host, then put on the device)."""
+    part = partition_of(config)
+    seed = data_seed(config)
+    if config.dataset == "synthetic":
+        return generate_synthetic(
+            config.clients, config.synthetic_alpha, config.synthetic_beta, seed,
+            test_fraction=test_fraction_of(config, part),
+        )
+    if config.dataset == "leaf":
+        from mcfl.data.leaf import load_leaf
+
+        return load_leaf(config.data_dir, config.clients)
+    arrays = load_arrays(config.dataset, config.data_dir, config.download)
+    return partition_arrays(
+        arrays, part, config.clients, test_fraction_of(config, part),
+        normalization_of(config, part), seed,
+    )
+
+
+DATA_FIELDS = ("dataset", "data_dir", "partition", "clients", "test_fraction", "normalize",
+               "synthetic_alpha", "synthetic_beta")
+
+
+def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None) -> FederatedDataset:
+    """The config's federated dataset, from `cache_dir` when it was built before (and stored
+    there after building when not). Without `cache_dir` nothing is read or written."""
+    if cache_dir is None:
+        return build_dataset(config)
+    settings = {name: getattr(config, name) for name in DATA_FIELDS}
+    settings.update(seed=data_seed(config), partition=str(partition_of(config)),
+                    source=cache.source_fingerprint(config.data_dir))
+    path = cache.cache_path(Path(cache_dir), config.dataset, cache.cache_key(settings))
+    dataset = cache.load(path)
+    if dataset is None:
+        dataset = build_dataset(config)
+        cache.save(path, dataset)
+    return dataset

@@ -78,13 +78,20 @@ def _group_by_owner(owner: np.ndarray, num_clients: int):
 
 
 def split_train_test(
-    owner: np.ndarray, num_clients: int, test_fraction: float, rng: np.random.Generator
+    owner: np.ndarray,
+    num_clients: int,
+    test_fraction: float,
+    rng: np.random.Generator,
+    labels: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-client train/test split of the rows in `owner` (vectorised, no loop over clients).
 
-    Each client keeps ``floor((1 - test_fraction) * n_i)`` rows for training (so 90/10 gives the
-    FedProx generators' split), but at least one for training and, when it has two or more rows,
-    at least one for testing. Rows are shuffled within each client first.
+    Rows are split in groups, after a shuffle: each client's rows, or with `labels` each
+    (client, label) pair's rows (stratified, so a class a client holds twice or more appears in
+    both its splits). A group of m rows keeps ``floor((1 - test_fraction) * m)`` for training
+    (so 90/10 gives the FedProx generators' split), but at least one, and at least one for
+    testing when m >= 2. A client left without a test row gives one training row to testing
+    if it has two or more.
 
     Returns the indices of the training rows and of the test rows.
     """
@@ -92,14 +99,22 @@ def split_train_test(
         raise DataError(f"test fraction must be in (0, 1), got {test_fraction}")
     rows = np.flatnonzero(owner >= 0)
     rows = rows[rng.permutation(rows.size)]
-    rows = rows[np.argsort(owner[rows], kind="stable")]
+    group = owner[rows] if labels is None else owner[rows] * (labels.max() + 1) + labels[rows]
+    order = np.argsort(group, kind="stable")
+    rows, group = rows[order], group[order]
+    _, starts, sizes = np.unique(group, return_index=True, return_counts=True)
+    group_index = np.repeat(np.arange(sizes.size), sizes)
+    rank = np.arange(rows.size) - starts[group_index]  # position of each row in its group
+    n_train = np.floor((1.0 - test_fraction) * sizes + 1e-9).astype(np.int64)
+    n_train = np.clip(n_train, 1, np.maximum(sizes - 1, 1))
+    is_train = rank < n_train[group_index]
+    # A client whose groups are all single rows has no test row yet: move its first one.
     client = owner[rows]
-    counts = np.bincount(client, minlength=num_clients)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.arange(rows.size) - starts[client]  # position of each row within its client
-    n_train = np.floor((1.0 - test_fraction) * counts + 1e-9).astype(np.int64)
-    n_train = np.clip(n_train, 1, np.maximum(counts - 1, 1))
-    is_train = rank < n_train[client]
+    has_test = np.bincount(client[~is_train], minlength=num_clients) > 0
+    total = np.bincount(client, minlength=num_clients)
+    lacking = ~has_test[client] & (total[client] >= 2)
+    _, first = np.unique(client[lacking], return_index=True)
+    is_train[np.flatnonzero(lacking)[first]] = False
     return rows[is_train], rows[~is_train]
 
 
@@ -114,11 +129,13 @@ def from_owner(
     rng: np.random.Generator,
     client_ids: Optional[Sequence[str]] = None,
     true_cluster: Optional[np.ndarray] = None,
+    stratify: bool = False,
 ) -> FederatedDataset:
     """Build a federated dataset from one labelled array and the client of each row.
 
     ``owner[j]`` is the client of row ``j`` (or -1 to leave the row out). Every client must end
-    up with at least one training row; a client with none is an error naming it.
+    up with at least one training row; a client with none is an error naming it. `stratify`
+    splits each client's rows per label (see `split_train_test`).
     """
     owner = np.asarray(owner, dtype=np.int64)
     if owner.shape != (len(x),) or len(y) != len(x):
@@ -134,7 +151,9 @@ def from_owner(
             f"{empty.size} client(s) have no data (first: {empty[:5].tolist()}); "
             "every client needs at least one sample"
         )
-    train_rows, test_rows = split_train_test(owner, num_clients, test_fraction, rng)
+    train_rows, test_rows = split_train_test(
+        owner, num_clients, test_fraction, rng, labels=np.asarray(y) if stratify else None
+    )
     return from_splits(
         name,
         (x[train_rows], y[train_rows], owner[train_rows]),

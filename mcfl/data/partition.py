@@ -4,6 +4,8 @@ every row. Vectorised and loop-free over clients, so 10,000 clients cost millise
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mcfl.errors import DataError
@@ -73,3 +75,187 @@ def _top_up(
     owner = owner.copy()
     owner[moved] = np.repeat(np.arange(num_clients), deficit)
     return owner
+
+
+def deal_by_counts(labels: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Hand out rows by per-(client, class) counts [C, K]: the rows of class k, shuffled, go to
+    the clients in order of `counts[:, k]`; rows beyond the column's sum stay unused (-1).
+    Column sums must not exceed the class sizes (callers cap them)."""
+    owner = np.full(labels.size, -1, np.int64)
+    num_clients = counts.shape[0]
+    for cls in range(counts.shape[1]):  # a loop over classes, not clients
+        rows = np.flatnonzero(labels == cls)
+        rows = rows[rng.permutation(rows.size)][: counts[:, cls].sum()]
+        owner[rows] = np.repeat(np.arange(num_clients), counts[:, cls])
+    return owner
+
+
+def _class_sizes(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    return np.bincount(labels, minlength=num_classes)
+
+
+def _cap_to_class_sizes(demand: np.ndarray, sizes: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Integer counts from a [C, K] demand; where a class's demand exceeds its size, the demand
+    above `floor` (a guaranteed minimum per pair, e.g. one row per held class) is scaled down."""
+    above = np.maximum(demand - floor, 0)
+    room = np.maximum(sizes - floor.sum(axis=0), 0)
+    total = above.sum(axis=0)
+    scale = np.where(total > room, room / np.maximum(total, 1), 1.0)
+    return (floor + np.floor(above * scale)).astype(np.int64)
+
+
+def _check_classes_per_client(c: int, num_classes: int, what: str) -> None:
+    if not 1 <= c <= num_classes:
+        raise DataError(
+            f"{what} needs between 1 and {num_classes} classes per client "
+            f"(the dataset has {num_classes} classes), got {c}"
+        )
+
+
+def _consecutive_classes(num_clients: int, c: int, num_classes: int) -> np.ndarray:
+    """[C, c]: client u holds classes (u + j) % K, as in the FedProx and Ditto generators."""
+    return (np.arange(num_clients)[:, None] + np.arange(c)[None, :]) % num_classes
+
+
+def shards(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, num_classes: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Every client holds exactly `classes_per_client` distinct classes (McMahan et al.'s
+    pathological non-IID split, made exact): client slots are dealt round-robin over a random
+    class order, so each class has about C*c/K holders, and each class's rows are split evenly
+    among its holders. Every row is used."""
+    _check_classes_per_client(classes_per_client, num_classes, "shards")
+    _check_clients(labels.size, num_clients, 2)
+    class_order = rng.permutation(num_classes)
+    client_order = rng.permutation(num_clients)
+    slots = client_order[:, None] * classes_per_client + np.arange(classes_per_client)
+    held = class_order[slots % num_classes]  # [C, c], distinct within a row since c <= K
+    holders = np.zeros((num_clients, num_classes), np.int64)
+    np.put_along_axis(holders, held, 1, axis=1)
+    sizes = _class_sizes(labels, num_classes)
+    num_holders = holders.sum(0)
+    short = np.flatnonzero((num_holders > 0) & (sizes < num_holders))
+    if short.size:
+        k = short[0]
+        raise DataError(
+            f"shards:{classes_per_client}: class {k} has {sizes[k]} samples for "
+            f"{num_holders[k]} clients; use fewer clients or more classes per client"
+        )
+    # Split class k evenly: the first (n_k mod h_k) holders get one extra row.
+    rank = np.cumsum(holders, axis=0) - 1  # position of each holder among the class's holders
+    base = sizes // np.maximum(num_holders, 1)
+    extra = (rank < (sizes % np.maximum(num_holders, 1))).astype(np.int64)
+    counts = holders * (base + extra)
+    return deal_by_counts(labels, counts, rng)
+
+
+def fedprox_mnist(
+    labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+    classes_per_client: int = 2, first: int = 5,
+) -> np.ndarray:
+    """The FedProx MNIST recipe (Li et al., 2020; their data generator): client u holds classes
+    (u + j) % K for j < 2; each (client, class) pair first gets 5 rows, then the class's
+    remaining rows are shared among its pairs in proportion to lognormal(0, 2) draws (floored,
+    so a few rows stay unused: 69,035 of 70,000 for 1,000 MNIST clients in the paper)."""
+    _check_classes_per_client(classes_per_client, num_classes, "fedprox-mnist")
+    held = _consecutive_classes(num_clients, classes_per_client, num_classes)
+    pairs = np.zeros((num_clients, num_classes), np.int64)
+    np.add.at(pairs, (np.repeat(np.arange(num_clients), classes_per_client), held.ravel()), 1)
+    sizes = _class_sizes(labels, num_classes)
+    reserved = first * pairs.sum(0)
+    short = np.flatnonzero(reserved > sizes)
+    if short.size:
+        k = short[0]
+        raise DataError(
+            f"fedprox-mnist with {num_clients} clients needs {first} samples for each of the "
+            f"{pairs[:, k].sum()} clients holding class {k} ({reserved[k]}), but it has "
+            f"{sizes[k]}; use fewer clients"
+        )
+    weights = rng.lognormal(0.0, 2.0, pairs.shape) * pairs
+    shares = weights / np.maximum(weights.sum(0), 1e-300) * (sizes - reserved)
+    counts = first * pairs + np.floor(shares).astype(np.int64)
+    return deal_by_counts(labels, counts, rng)
+
+
+def ditto_fmnist(
+    labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.Generator,
+    classes_per_client: int = 5,
+) -> np.ndarray:
+    """The Ditto FashionMNIST recipe (Li et al., 2021; their data generator): client sizes
+    lognormal(3, 1) + 10, rescaled so all clients together take the whole dataset; client u
+    holds classes (u + j) % K for j < 5 in lognormal(1, 1) proportions, plus one row each.
+
+    Unlike the original, which re-uses rows from the start of a class when it runs out, a class
+    in short supply is scaled down, so no row is given twice (a few stay unused). Ditto draws
+    test rows from the official test split at 1/6 of the train rows; here the per-client split
+    uses test fraction 1/7, the same proportion."""
+    _check_classes_per_client(classes_per_client, num_classes, "ditto-fmnist")
+    sizes = rng.lognormal(3.0, 1.0, num_clients) + 10
+    sizes = sizes / sizes.sum() * labels.size
+    props = rng.lognormal(1.0, 1.0, (num_clients, classes_per_client))
+    props /= props.sum(1, keepdims=True)
+    held = _consecutive_classes(num_clients, classes_per_client, num_classes)
+    rows = (np.repeat(np.arange(num_clients), classes_per_client), held.ravel())
+    demand = np.zeros((num_clients, num_classes))
+    np.add.at(demand, rows, (np.floor(props * sizes[:, None]) + 1).ravel())
+    one_each = np.zeros((num_clients, num_classes))
+    one_each[rows] = 1
+    class_sizes = _class_sizes(labels, num_classes)
+    short = np.flatnonzero(one_each.sum(0) > class_sizes)
+    if short.size:
+        k = short[0]
+        raise DataError(
+            f"ditto-fmnist with {num_clients} clients needs a sample of class {k} for each of "
+            f"its {int(one_each[:, k].sum())} holders, but it has {class_sizes[k]}"
+        )
+    return deal_by_counts(labels, _cap_to_class_sizes(demand, class_sizes, one_each), rng)
+
+
+# ----------------------------------------------------------------------------------------------
+# Planted clusters (IFCA, Ghosh et al. 2020): each client carries one of R transformations,
+# whose index is its true cluster id.
+
+
+def planted_cluster_ids(num_clients: int, num_clusters: int, rng: np.random.Generator):
+    """[C] true cluster ids, balanced (sizes differ by at most one), in random order."""
+    if not 1 <= num_clusters <= num_clients:
+        raise DataError(
+            f"planted clusters need 1 <= R <= {num_clients} clients, got R = {num_clusters}"
+        )
+    return rng.permutation(np.arange(num_clients) % num_clusters)
+
+
+def rotate_images(x: np.ndarray, row_cluster: np.ndarray, num_clusters: int) -> np.ndarray:
+    """Rotate the images of cluster k by k * 360 / R degrees (exact for multiples of 90)."""
+    if x.ndim < 3:
+        raise DataError(
+            f"rotated:{num_clusters} needs image data ([N, H, W]), got features of shape "
+            f"{x.shape[1:]}"
+        )
+    out = x.copy()
+    for k in range(1, num_clusters):  # a loop over the R clusters
+        rows = row_cluster == k
+        angle = 360.0 * k / num_clusters
+        if angle % 90 == 0:
+            out[rows] = np.rot90(x[rows], k=int(angle // 90), axes=(1, 2))
+        else:
+            from scipy.ndimage import rotate
+
+            out[rows] = rotate(x[rows], angle, axes=(2, 1), reshape=False, order=1)
+    return out
+
+
+def label_permutations(num_clusters: int, num_classes: int, rng: np.random.Generator):
+    """[R, K] distinct label permutations, the first the identity."""
+    if num_clusters > math.factorial(min(num_classes, 12)):
+        raise DataError(
+            f"permuted:{num_clusters} needs {num_clusters} distinct permutations of "
+            f"{num_classes} labels; there are only {math.factorial(num_classes)}"
+        )
+    perms = [np.arange(num_classes)]
+    while len(perms) < num_clusters:  # redraws only on a repeat: rare unless K is tiny
+        p = rng.permutation(num_classes)
+        if not any(np.array_equal(p, q) for q in perms):
+            perms.append(p)
+    return np.stack(perms)

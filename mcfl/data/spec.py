@@ -1,0 +1,66 @@
+"""`--partition` spec strings: ``iid``, ``dirichlet:ALPHA``, ``shards:C``, ``fedprox-mnist``,
+``ditto-fmnist``, ``natural``, and planted clusters ``rotated:R`` / ``permuted:R``, optionally on
+top of a label partition (``rotated:4+dirichlet:0.5``; alone, planted clusters split IID)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from mcfl.errors import ConfigError
+
+BASE_KINDS = ("iid", "dirichlet", "shards", "fedprox-mnist", "ditto-fmnist", "natural")
+PLANTED_KINDS = ("rotated", "permuted")
+_TAKES_ARG = {"dirichlet": float, "shards": int, "rotated": int, "permuted": int}
+ALLOWED = "iid, dirichlet:ALPHA, shards:C, fedprox-mnist, ditto-fmnist, natural, rotated:R, " \
+    "permuted:R (a planted one may be joined to a label one with +, e.g. rotated:4+dirichlet:0.5)"
+
+
+class Partition(NamedTuple):
+    kind: str  # one of BASE_KINDS
+    arg: Optional[float] = None  # alpha for dirichlet, classes per client for shards
+    planted: Optional[str] = None  # "rotated" or "permuted"
+    clusters: int = 0  # R
+
+    def __str__(self) -> str:
+        base = self.kind if self.arg is None else f"{self.kind}:{self.arg:g}"
+        return f"{self.planted}:{self.clusters}+{base}" if self.planted else base
+
+
+def _parse_part(part: str, spec: str) -> tuple[str, Optional[float]]:
+    kind, _, value = part.strip().partition(":")
+    if kind not in BASE_KINDS + PLANTED_KINDS:
+        raise ConfigError(f"unknown partition {part!r} in {spec!r}; allowed: {ALLOWED}")
+    if kind not in _TAKES_ARG:
+        if value:
+            raise ConfigError(f"partition {kind!r} takes no value, got {part!r}")
+        return kind, None
+    try:
+        number = _TAKES_ARG[kind](value)
+    except ValueError:
+        raise ConfigError(
+            f"partition {kind!r} needs a {_TAKES_ARG[kind].__name__} value as in "
+            f"{kind}:{'0.5' if _TAKES_ARG[kind] is float else '2'}, got {part!r}"
+        ) from None
+    if kind == "dirichlet" and not number > 0:
+        raise ConfigError(f"dirichlet alpha must be > 0, got {number:g}")
+    if kind != "dirichlet" and number < 1:
+        raise ConfigError(f"partition {kind} needs a count >= 1, got {number}")
+    return kind, number
+
+
+def parse_partition(spec: str) -> Partition:
+    """Parse a spec string, with errors naming the bad part and the allowed forms."""
+    parts = [_parse_part(p, spec) for p in spec.split("+")]
+    planted = [p for p in parts if p[0] in PLANTED_KINDS]
+    base = [p for p in parts if p[0] in BASE_KINDS]
+    if len(planted) > 1 or len(base) > 1:
+        raise ConfigError(
+            f"partition {spec!r} may join at most one planted (rotated/permuted) and one label "
+            "partition"
+        )
+    kind, arg = base[0] if base else ("iid", None)
+    if planted:
+        if kind == "natural":
+            raise ConfigError("planted clusters cannot be joined to the natural (per-user) split")
+        return Partition(kind, arg, planted[0][0], int(planted[0][1]))
+    return Partition(kind, arg)
