@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
 from mcfl.data.federated import from_splits
+
+# The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
+os.environ["MCFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="mcfl-test-cache-")
 
 
 def ragged_dataset(sizes, num_features=5, num_classes=3, seed=0, name="ragged"):

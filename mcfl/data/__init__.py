@@ -116,7 +116,11 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
         )
     if config.dataset == "leaf":
         from mcfl.data.leaf import load_leaf
+        from mcfl.errors import DataError
 
+        if config.data_dir is None:
+            raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "
+                            "folders of LEAF JSON files")
         return load_leaf(config.data_dir, config.clients)
     arrays = load_arrays(config.dataset, config.data_dir, config.download)
     return partition_arrays(
