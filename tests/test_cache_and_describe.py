@@ -92,3 +92,11 @@ def test_clients_csv_has_true_cluster(tmp_path):
 def test_leaf_without_data_dir_is_a_clear_error(capsys):
     assert main(["data", "describe", "--dataset", "leaf", "--no-cache"]) == 2
     assert "dataset leaf needs --data-dir DIR" in capsys.readouterr().err
+
+
+def test_cache_key_changes_with_the_data_code(monkeypatch):
+    settings = {"dataset": "digits", "clients": 10}
+    before = cache.cache_key(settings)
+    assert cache.cache_key(settings) == before
+    monkeypatch.setattr(cache, "code_fingerprint", lambda: "a recipe was edited")
+    assert cache.cache_key(settings) != before

@@ -1,7 +1,8 @@
 """An on-disk cache of prepared federated datasets: one .npz (no pickle) per data config.
 
-The key hashes every setting that shapes the data plus a fingerprint (names, sizes, modification
-times) of the source files, so editing the data or the recipe invalidates the entry.
+The key hashes every setting that shapes the data, a fingerprint (names, sizes, modification
+times) of the source files, and the source code of the data package, so editing the data, a
+loader or a recipe invalidates the entry.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import numpy as np
 
 from mcfl.data.federated import FederatedDataset, from_splits
 
-# Bump when a loader or recipe changes what it produces, so old entries are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the .npz layout
 _MAX_FINGERPRINT_FILES = 10_000
+
+
+def code_fingerprint() -> str:
+    """A hash of the data package's source: any change to a loader or recipe changes it."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def default_cache_dir() -> Path:
@@ -44,7 +52,8 @@ def source_fingerprint(data_dir: Optional[str]) -> list:
 
 
 def cache_key(settings: dict[str, Any]) -> str:
-    payload = json.dumps({"version": FORMAT_VERSION, **settings}, sort_keys=True, default=str)
+    payload = json.dumps({"version": FORMAT_VERSION, "code": code_fingerprint(), **settings},
+                         sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
