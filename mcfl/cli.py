@@ -18,7 +18,15 @@ from mcfl.config import FIELDS, RunConfig, from_dict, load_file, parse_hidden
 from mcfl.errors import ConfigError, McflError
 
 HELP = {
-    "algorithm": "fedavg | fedprox | fedsgd | local",
+    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl",
+    "clusters": "K: FeSEM centers, IFCA models, CFL's most clusters",
+    "fesem_lambda": "FeSEM's lambda (Eq. 6)",
+    "fesem_restarts": "k-means restarts of FeSEM's initialisation",
+    "fesem_last_layer": "FeSEM clusters on the last dense kernel only",
+    "fesem_weighted": "FeSEM's M-step weighs members by their samples",
+    "cfl_eps1": "CFL splits when the mean update norm < eps1 ...",
+    "cfl_eps2": "... and the largest member update norm > eps2",
+    "cfl_warmup": "CFL: rounds before the first split",
     "dataset": "synthetic | mnist5k | mnist | fmnist | digits | leaf | tfds:NAME",
     "data_dir": "folder holding the dataset's files",
     "download": "let tensorflow-datasets download the data (never by default)",
@@ -203,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_plot.add_argument("--out", default="label_distribution.png", metavar="PNG")
     p_plot.set_defaults(func=cmd_data_plot)
 
-    p_demo = sub.add_parser("demo", help="FedAvg vs FedProx vs Local on Synthetic(1,1)")
+    p_demo = sub.add_parser(
+        "demo", help="baselines on Synthetic(1,1); FeSEM and IFCA on planted clusters"
+    )
     p_demo.add_argument("--out", default="runs/demo", metavar="DIR")
     p_demo.add_argument("--rounds", type=int, default=None, help="override the demo's rounds")
     p_demo.add_argument("--clients", type=int, default=None, help="override the demo's clients")

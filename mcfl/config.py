@@ -16,7 +16,8 @@ import tomllib
 
 from mcfl.errors import ConfigError, choice_error
 
-ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local")
+ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl")
+CLUSTERED = ("fesem", "ifca", "cfl")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
@@ -60,6 +61,15 @@ class RunConfig:
     # a count (int) or a fraction (float); None: min(20, clients)
     clients_per_round: Optional[Union[int, float]] = None
     server_lr: float = 1.0
+    # clustered algorithms
+    clusters: int = 4  # K: centers (FeSEM), models (IFCA), most clusters (CFL)
+    fesem_lambda: float = 0.05  # lambda of FeSEM Eq. 6 (proximal weight 2*lambda*n_bar/n_i)
+    fesem_restarts: int = 20  # k-means restarts of FeSEM's initialisation (paper Sec. 6.1)
+    fesem_last_layer: bool = False  # cluster on the last dense kernel (the authors' code)
+    fesem_weighted: bool = False  # M-step weighted by n_i instead of Eq. 10's plain mean
+    cfl_eps1: float = 0.4  # CFL: split when the mean update norm is below eps1 ...
+    cfl_eps2: float = 1.6  # ... and the largest member update norm above eps2
+    cfl_warmup: int = 20  # CFL: rounds before the first split
     # execution and evaluation
     eval_every: int = 1
     block_size: Optional[int] = None  # None: chosen from the model size and backend
@@ -101,6 +111,22 @@ def _validate(c: RunConfig) -> None:
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")
+    if isinstance(c.clusters, bool) or not isinstance(c.clusters, int) or c.clusters < 1:
+        raise ConfigError(f"clusters must be an integer >= 1, got {c.clusters!r}")
+    if c.algorithm in CLUSTERED and c.clusters > c.clients:
+        raise ConfigError(
+            f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
+        )
+    if c.fesem_lambda < 0:
+        raise ConfigError(f"fesem_lambda must be >= 0, got {c.fesem_lambda}")
+    if not isinstance(c.fesem_restarts, int) or c.fesem_restarts < 1:
+        raise ConfigError(f"fesem_restarts must be an integer >= 1, got {c.fesem_restarts!r}")
+    if not 0 <= c.cfl_eps1 <= c.cfl_eps2:
+        raise ConfigError(
+            f"CFL needs 0 <= eps1 <= eps2, got eps1={c.cfl_eps1}, eps2={c.cfl_eps2}"
+        )
+    if not isinstance(c.cfl_warmup, int) or c.cfl_warmup < 0:
+        raise ConfigError(f"cfl_warmup must be an integer >= 0, got {c.cfl_warmup!r}")
     if not c.lr > 0:
         raise ConfigError(f"lr must be > 0, got {c.lr}")
     if not c.server_lr > 0:

@@ -55,6 +55,7 @@ class ClientStats(NamedTuple):
     loss: jax.Array  # mean training loss over the client's steps (without the proximal term)
     steps: jax.Array  # local steps actually taken
     update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
+    sq_norm: jax.Array  # ||W_i(after)||^2, for intra-cluster distances of streamed M-steps
 
 
 def ceil_div(a, b):
@@ -120,11 +121,13 @@ def local_train(
     count: jax.Array,
     num_steps: jax.Array,
     loop_length: jax.Array,
+    prox_scale: jax.Array | float = 1.0,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """One client's local training (unbatched; the engine vmaps it over a block).
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
-    are real. Step s uses batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``.
+    are real. Step s uses batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``. The proximal
+    weight is ``training.mu * prox_scale`` (FeSEM weighs it per client, Eq. 8).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
     """
@@ -137,7 +140,7 @@ def local_train(
         loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
         total = loss
         if training.mu > 0:
-            total = total + 0.5 * training.mu * squared_distance(p, anchor)
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
         return total, loss
 
     def step(s, carry):
@@ -234,35 +237,58 @@ def reduce_blocks(
 ) -> tuple[PyTree, jax.Array, PyTree]:
     """Run `block_fn` block after block and reduce its per-client tree output on the fly.
 
-    `block_fn` returns ``(tree [b, ...], aux [b, ...])``; `inputs` must hold ``"segment"`` [S]
-    and ``"weight"`` [S]. Returns the weighted per-segment sums of the trees ([K, ...] shaped
-    like `like` with a leading K), the summed weights [K], and aux [S, ...]. Only one block of
-    client trees is alive at a time.
+    `block_fn` returns ``(tree [b, ...], segment [b], aux [b, ...])``: each client's tree is added,
+    times its ``inputs["weight"]``, to the sum of its segment (the segment may be decided inside
+    the block, after training: FeSEM's E-step). Returns the weighted per-segment sums ([K, ...]
+    shaped like `like` with a leading K), the summed weights [K], and aux [S, ...]. Only one block
+    of client trees is alive at a time.
     """
     blocked, size = _pad_and_block(inputs, block_size)
     sums0 = jax.tree.map(lambda x: jnp.zeros((num_segments,) + x.shape, jnp.float32), like)
 
     def body(carry, block):
         sums, weight_sums = carry
-        tree, aux = block_fn(block)
+        tree, segment, aux = block_fn(block)
         # [b, K] one-hot weights: a matmul, which accelerators do at full speed.
-        mix = jax.nn.one_hot(block["segment"], num_segments) * block["weight"][:, None]
+        mix = jax.nn.one_hot(segment, num_segments) * block["weight"][:, None]
         sums = jax.tree.map(
-            lambda acc, leaf: (
-                acc
-                + jnp.tensordot(
-                    mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
-                )
+            lambda acc, leaf: acc
+            + jnp.tensordot(
+                mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
             ),
             sums,
             tree,
         )
-        return (sums, weight_sums + jnp.sum(mix, axis=0)), aux
+        return (sums, weight_sums + jnp.sum(mix, axis=0)), (segment, aux)
 
-    (sums, weight_sums), aux = jax.lax.scan(
+    (sums, weight_sums), (segments, aux) = jax.lax.scan(
         body, (sums0, jnp.zeros((num_segments,), jnp.float32)), blocked
     )
-    return sums, weight_sums, _unblock(aux, size)
+    return sums, weight_sums, _unblock((segments, aux), size)
+
+
+def tree_dots(block: PyTree, models: PyTree) -> jax.Array:
+    """[b, K] inner products <W_i, M_k> of a block of trees [b, ...] with models [K, ...]."""
+    return sum(
+        jnp.tensordot(
+            w.reshape(w.shape[0], -1), m.reshape(m.shape[0], -1).T, axes=1,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        for w, m in zip(jax.tree.leaves(block), jax.tree.leaves(models))
+    )
+
+
+def tree_sq_norms(tree: PyTree) -> jax.Array:
+    """[n] squared norms of a stacked tree [n, ...]."""
+    return sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1)
+               for x in jax.tree.leaves(tree))
+
+
+def nearest_models(block: PyTree, models: PyTree) -> jax.Array:
+    """[b] index of the model nearest each tree in squared L2 (FeSEM's E-step, Eq. 9), without
+    forming [b, K, d]: ||W||^2 - 2 <W, M> + ||M||^2."""
+    d = tree_sq_norms(models)[None, :] - 2.0 * tree_dots(block, models)
+    return jnp.argmin(d, axis=1).astype(jnp.int32)  # ||W||^2 is the same for every k
 
 
 def segment_mean(sums: PyTree, weight_sums: jax.Array, previous: PyTree) -> PyTree:
@@ -292,7 +318,7 @@ def _sorted_by_steps(steps: jax.Array) -> tuple[jax.Array, jax.Array]:
     return order, jnp.argsort(order)
 
 
-def _training_inputs(training, data, selection, weights, segments):
+def _training_inputs(training, data, selection, weights, segments, prox_scale):
     steps = client_num_steps(data.train_counts, training)[selection.clients]
     inputs = {
         "client": selection.clients,
@@ -300,28 +326,33 @@ def _training_inputs(training, data, selection, weights, segments):
         "steps": steps,
         "weight": weights.astype(jnp.float32),
         "segment": segments,
+        "prox_scale": jnp.broadcast_to(jnp.asarray(prox_scale, jnp.float32), steps.shape),
     }
     order, inverse = _sorted_by_steps(steps)
     return jax.tree.map(lambda x: x[order], inputs), inverse
 
 
-def _training_block_fn(training, data, orders, start_models):
+def _training_block_fn(training, data, orders, start_models, assign=None):
     def one_client(inp, loop_length):
         start = jax.tree.map(lambda m: m[inp["start"]], start_models)
         offset = data.train_offsets[inp["client"]]
         count = data.train_counts[inp["client"]]
         trained, loss_sum, taken = local_train(
-            training, data, orders, start, start, offset, count, inp["steps"], loop_length
+            training, data, orders, start, start, offset, count, inp["steps"], loop_length,
+            inp["prox_scale"],
         )
         stats = ClientStats(
             loss=loss_sum / jnp.maximum(taken, 1),
             steps=taken,
             update_norm=jnp.sqrt(squared_distance(trained, start)),
+            sq_norm=sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(trained)),
         )
         return trained, stats
 
     def block_fn(block):
-        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["steps"]))
+        trained, stats = jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["steps"]))
+        segment = block["segment"] if assign is None else assign(trained)
+        return trained, segment, stats
 
     return block_fn
 
@@ -333,16 +364,17 @@ def train_and_collect(
     start_models: PyTree,
     selection: RoundClients,
     block_size: int,
+    prox_scale: jax.Array | float = 1.0,
 ) -> tuple[PyTree, ClientStats]:
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
     anchor), and return their trained models stacked [S, ...] in selection order."""
     orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
     size = selection.clients.shape[0]
     inputs, inverse = _training_inputs(
-        training, data, selection, jnp.zeros(size), jnp.zeros(size, jnp.int32)
+        training, data, selection, jnp.zeros(size), jnp.zeros(size, jnp.int32), prox_scale
     )
     block_fn = _training_block_fn(training, data, orders, start_models)
-    models, stats = map_blocks(block_fn, inputs, block_size)
+    models, _, stats = map_blocks(block_fn, inputs, block_size)
     return jax.tree.map(lambda x: x[inverse], (models, stats))
 
 
@@ -356,16 +388,25 @@ def train_and_aggregate(
     segments: jax.Array,
     num_segments: int,
     block_size: int,
-) -> tuple[PyTree, jax.Array, ClientStats]:
+    prox_scale: jax.Array | float = 1.0,
+    assign: Optional[Callable[[PyTree], jax.Array]] = None,
+) -> tuple[PyTree, jax.Array, jax.Array, ClientStats]:
     """Train the selected clients and return weighted per-segment sums of their models
-    ([K, ...]), the per-segment weight sums [K], and per-client stats in selection order.
-    Client models are never all alive at once: only one block of them."""
+    ([K, ...]), the per-segment weight sums [K], each client's segment [S] and per-client stats
+    [S], in selection order. Client models are never all alive at once: only one block of them.
+
+    A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
+    after training (FeSEM's E-step on the freshly trained models).
+    """
     orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
-    inputs, inverse = _training_inputs(training, data, selection, weights, segments)
-    block_fn = _training_block_fn(training, data, orders, start_models)
+    inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
+    block_fn = _training_block_fn(training, data, orders, start_models, assign)
     like = jax.tree.map(lambda m: m[0], start_models)
-    sums, weight_sums, stats = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
-    return sums, weight_sums, jax.tree.map(lambda x: x[inverse], stats)
+    sums, weight_sums, (segment, stats) = reduce_blocks(
+        block_fn, inputs, block_size, num_segments, like
+    )
+    segment, stats = jax.tree.map(lambda x: x[inverse], (segment, stats))
+    return sums, weight_sums, segment, stats
 
 
 def gradients_and_aggregate(
@@ -405,11 +446,51 @@ def gradients_and_aggregate(
         )
 
     def block_fn(block):
-        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+        grads, loss = jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+        return grads, block["segment"], loss
 
     like = jax.tree.map(lambda m: m[0], start_models)
-    sums, weight_sums, loss = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
+    sums, weight_sums, (_, loss) = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
     return sums, weight_sums, loss[inverse]
+
+
+def losses_of_models(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    models: PyTree,
+    clients: jax.Array,
+    block_size: int,
+    chunk: int = DEFAULT_EVAL_BATCH,
+) -> jax.Array:
+    """[S, K] mean training loss of each of the K `models` on each client's training rows
+    (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
+    positions = jnp.arange(chunk, dtype=jnp.int32)
+
+    def one_client(inp, loop_length):
+        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+
+        def body(i, total):
+            pos = i * chunk + positions
+            mask = pos < count
+            rows = offset + jnp.minimum(pos, count - 1)
+            x, y = data.x_train[rows], data.y_train[rows]
+
+            def summed(params):
+                losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, x), y)
+                return jnp.sum(losses * mask)
+
+            return total + jax.vmap(summed)(models)
+
+        num_models = jax.tree.leaves(models)[0].shape[0]
+        total = jax.lax.fori_loop(0, loop_length, body, jnp.zeros((num_models,), jnp.float32))
+        return total / jnp.maximum(count, 1)
+
+    inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
+
+    def block_fn(block):
+        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+
+    return map_blocks(block_fn, inputs, block_size)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ class RunResult:
     rounds: list[dict[str, Any]]
     clients: list[dict[str, Any]]
     state: Any
+    assignments: Optional[np.ndarray] = None  # [rounds, C] cluster of every client per round
 
     def write(self, out_dir) -> Path:
         """Write summary.json, rounds.csv, clients.csv and curves.png under `out_dir`."""
@@ -90,6 +91,7 @@ def run(
     round_fn = jax.jit(algorithm.round)
     writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
+    assignments: list[np.ndarray] = []
     metrics = None
     round_seconds = []
     try:
@@ -105,6 +107,10 @@ def run(
                     f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
                 )
             state = new_state
+            if algorithm.assignments is not None:
+                assignment = np.asarray(jax.device_get(algorithm.assignments(state)))
+                assignments.append(assignment)
+                row.update(cluster_metrics(assignment, dataset.true_cluster))
             if r % config.eval_every == 0 or r == config.rounds:
                 metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
                 row.update(aggregate(metrics))
@@ -143,11 +149,15 @@ def run(
         block_size,
         status="completed",
     )
-    clients = _client_rows(dataset, metrics)
-    result = RunResult(config, summary, rows, clients, state)
+    final_assignment = assignments[-1] if assignments else None
+    clients = _client_rows(dataset, metrics, final_assignment)
+    stacked = np.stack(assignments) if assignments else None
+    result = RunResult(config, summary, rows, clients, state, stacked)
     if out_dir is not None:
         output.write_summary(Path(out_dir), summary)
         output.write_clients(Path(out_dir), clients)
+        if stacked is not None:
+            np.save(Path(out_dir) / "assignments.npy", stacked)
         output.plot_curves(Path(out_dir) / "curves.png", rows, title=_title(config))
     return result
 
@@ -183,6 +193,9 @@ def _summary(
         summary[f"final_{key}"] = values[-1] if values else None
         summary[f"best_{key}"] = max(values) if values else None
     summary["final_train_loss"] = rows[-1]["train_loss"] if rows else None
+    for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
+        if rows and key in rows[-1]:
+            summary[key] = rows[-1][key]
     summary["wall_seconds"] = time.perf_counter() - started
     # Round 1 includes compilation; later rounds show the steady state.
     steady = round_seconds[1:] or round_seconds
@@ -191,7 +204,20 @@ def _summary(
     return summary
 
 
-def _client_rows(dataset: FederatedDataset, metrics) -> list[dict[str, Any]]:
+def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) -> dict:
+    """Cluster sizes (as text for the CSV) and, where the data has planted clusters, the
+    adjusted Rand index and normalised mutual information against them (scikit-learn)."""
+    sizes = np.bincount(assignment)
+    out: dict[str, Any] = {"cluster_sizes": " ".join(str(int(n)) for n in sizes[sizes > 0])}
+    if true_cluster is not None:
+        from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+        out["cluster_ari"] = float(adjusted_rand_score(true_cluster, assignment))
+        out["cluster_nmi"] = float(normalized_mutual_info_score(true_cluster, assignment))
+    return out
+
+
+def _client_rows(dataset: FederatedDataset, metrics, assignment=None) -> list[dict[str, Any]]:
     n_train = dataset.train_counts()
     rows = []
     for i, client_id in enumerate(dataset.client_ids):
@@ -202,6 +228,8 @@ def _client_rows(dataset: FederatedDataset, metrics) -> list[dict[str, Any]]:
             "accuracy": float(metrics.accuracy[i]),
             "f1": float(metrics.f1[i]),
         }
+        if assignment is not None:
+            row["cluster"] = int(assignment[i])
         if dataset.true_cluster is not None:
             row["true_cluster"] = int(dataset.true_cluster[i])
         rows.append(row)

@@ -86,3 +86,15 @@ def test_client_without_data_is_named():
     x, y = np.zeros((4, 2), np.float32), np.zeros(4, int)
     with pytest.raises(DataError, match=r"1 client\(s\) have no data \(first: \[2\]\)"):
         from_owner("t", x, y, np.array([0, 0, 1, 1]), 3, 2, 0.5, np.random.default_rng(0))
+
+
+def test_stratified_split_keeps_classes_in_train_and_the_test_share():
+    rng = np.random.default_rng(0)
+    owner = np.repeat(np.arange(100), 18)  # tiny clients: 18 rows over 10 classes
+    labels = rng.integers(0, 10, owner.size)
+    train, test = split_train_test(owner, 100, 0.2, rng, labels=labels)
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.arange(owner.size))
+    assert 0.15 < test.size / owner.size < 0.25
+    held = {(o, y) for o, y in zip(owner, labels)}
+    assert {(o, y) for o, y in zip(owner[train], labels[train])} == held  # no class lost
+    assert (np.bincount(owner[test], minlength=100) >= 1).all()

@@ -189,11 +189,13 @@ def test_reduce_blocks_equals_weighted_segment_sums(block_size):
         "segment": jnp.asarray(segments, jnp.int32),
         "weight": jnp.asarray(weights),
     }
-    sums, wsums, aux = reduce_blocks(
-        lambda b: (b["v"], b["segment"]), inputs, block_size, 3, like=jnp.zeros(4)
+    sums, wsums, (seg, aux) = reduce_blocks(
+        lambda b: (b["v"], b["segment"], 2 * b["segment"]), inputs, block_size, 3,
+        like=jnp.zeros(4),
     )
     for k in range(3):
         sel = segments == k
         np.testing.assert_allclose(sums[k], (weights[sel, None] * values[sel]).sum(0), rtol=1e-5)
         np.testing.assert_allclose(wsums[k], weights[sel].sum(), rtol=1e-6)
-    np.testing.assert_array_equal(aux, segments)
+    np.testing.assert_array_equal(seg, segments)
+    np.testing.assert_array_equal(aux, 2 * segments)

@@ -5,14 +5,27 @@ from __future__ import annotations
 import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.cfl import cfl
 from mcfl.algorithms.fedavg import fedavg, fedprox
 from mcfl.algorithms.fedsgd import fedsgd
+from mcfl.algorithms.fesem import fesem
+from mcfl.algorithms.ifca import ifca
 from mcfl.algorithms.local import local
 from mcfl.config import RunConfig
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
 
-__all__ = ["FederatedAlgorithm", "fedavg", "fedprox", "fedsgd", "local", "build_algorithm"]
+__all__ = [
+    "FederatedAlgorithm",
+    "fedavg",
+    "fedprox",
+    "fedsgd",
+    "local",
+    "fesem",
+    "ifca",
+    "cfl",
+    "build_algorithm",
+]
 
 
 def client_optimizer(config: RunConfig) -> optax.GradientTransformation:
@@ -48,4 +61,17 @@ def build_algorithm(
         return fedavg(model, training, clients_per_round, block_size, config.server_lr, name=name)
     if config.algorithm == "fedsgd":
         return fedsgd(model, optax.sgd(config.lr), clients_per_round, block_size)
+    if config.algorithm == "fesem":
+        return fesem(
+            model, training, clients_per_round, block_size, config.clusters,
+            lam=config.fesem_lambda, restarts=config.fesem_restarts,
+            last_layer=config.fesem_last_layer, weighted=config.fesem_weighted,
+        )
+    if config.algorithm == "ifca":
+        return ifca(model, training, clients_per_round, block_size, config.clusters)
+    if config.algorithm == "cfl":
+        return cfl(
+            model, training, clients_per_round, block_size, config.clusters,
+            eps1=config.cfl_eps1, eps2=config.cfl_eps2, warmup=config.cfl_warmup,
+        )
     return local(model, training, clients_per_round, block_size)

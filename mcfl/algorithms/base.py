@@ -2,14 +2,15 @@
 
 ``init(data, key) -> state``; ``round(state, data, key) -> (state, metrics)``, jittable, with
 `metrics` a dict of scalars; ``client_models(state) -> (models [M, ...], index [C])`` says which
-model evaluates each client (M = 1 for one global model, K for clusters, C for local models).
+model evaluates each client (M = 1 for one global model, K for clusters, C for local models);
+clustered algorithms also give ``assignments(state) -> [C]``, each client's cluster.
 Hyperparameters are closed over by the factory that builds the tuple (as optax does).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ class FederatedAlgorithm(NamedTuple):
     init: Callable[..., State]
     round: Callable[..., tuple[State, dict]]
     client_models: Callable[[State], tuple[Any, jax.Array]]
+    assignments: Optional[Callable[[State], jax.Array]] = None
 
 
 def stack(params, count: int = 1):
@@ -40,4 +42,7 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
         "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
         "discrepancy": jnp.mean(stats.update_norm),
         "local_steps": jnp.mean(stats.steps.astype(jnp.float32)),
+        # models sent to and received from clients this round (IFCA sends K down per client)
+        "models_down": jnp.float32(stats.loss.shape[0]),
+        "models_up": jnp.float32(stats.loss.shape[0]),
     }

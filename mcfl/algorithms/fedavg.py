@@ -38,7 +38,7 @@ def fedavg(
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         start = stack(state.params)
-        sums, weight_sums, stats = train_and_aggregate(
+        sums, weight_sums, _, stats = train_and_aggregate(
             training,
             data,
             train_key,

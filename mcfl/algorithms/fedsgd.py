@@ -58,6 +58,8 @@ def fedsgd(
             # Clients send gradients and keep no model of their own: Eq. 3's w_i is w_t.
             "discrepancy": jnp.zeros(()),
             "local_steps": jnp.ones(()),
+            "models_down": jnp.float32(clients_per_round),
+            "models_up": jnp.float32(clients_per_round),  # gradients, the size of a model
             "server_step_norm": optax.tree.norm(updates),
         }
         return FedSGDState(params, opt_state), metrics

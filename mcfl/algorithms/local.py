@@ -35,7 +35,9 @@ def local(
             training, data, train_key, state.params, RoundClients(clients, clients), block_size
         )
         params = jax.tree.map(lambda all_, new: all_.at[clients].set(new), state.params, trained)
-        return LocalState(params), training_metrics(data.train_counts[clients], stats)
+        metrics = training_metrics(data.train_counts[clients], stats)
+        metrics.update(models_down=jnp.zeros(()), models_up=jnp.zeros(()))  # nothing is sent
+        return LocalState(params), metrics
 
     def client_models(state):
         num_clients = jax.tree.leaves(state.params)[0].shape[0]

@@ -86,12 +86,13 @@ def split_train_test(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-client train/test split of the rows in `owner` (vectorised, no loop over clients).
 
-    Rows are split in groups, after a shuffle: each client's rows, or with `labels` each
-    (client, label) pair's rows (stratified, so a class a client holds twice or more appears in
-    both its splits). A group of m rows keeps ``floor((1 - test_fraction) * m)`` for training
-    (so 90/10 gives the FedProx generators' split), but at least one, and at least one for
-    testing when m >= 2. A client left without a test row gives one training row to testing
-    if it has two or more.
+    Rows are split in groups, after a shuffle. Without `labels` a group is a client's rows and
+    keeps ``floor((1 - test_fraction) * m)`` of its m rows for training (the FedProx generators'
+    90/10 rule), at least one, and at least one for testing when m >= 2. With `labels` a group is
+    a (client, label) pair (stratified): it keeps ``round((1 - test_fraction) * m)`` rows, at
+    least one, so every class a client holds is in its training split and the test share stays
+    near `test_fraction` even for tiny clients. Either way, a client left without a test row
+    gives one training row to testing if it has two or more.
 
     Returns the indices of the training rows and of the test rows.
     """
@@ -105,8 +106,11 @@ def split_train_test(
     _, starts, sizes = np.unique(group, return_index=True, return_counts=True)
     group_index = np.repeat(np.arange(sizes.size), sizes)
     rank = np.arange(rows.size) - starts[group_index]  # position of each row in its group
-    n_train = np.floor((1.0 - test_fraction) * sizes + 1e-9).astype(np.int64)
-    n_train = np.clip(n_train, 1, np.maximum(sizes - 1, 1))
+    if labels is None:
+        n_train = np.floor((1.0 - test_fraction) * sizes + 1e-9).astype(np.int64)
+        n_train = np.clip(n_train, 1, np.maximum(sizes - 1, 1))
+    else:
+        n_train = np.clip(np.floor((1.0 - test_fraction) * sizes + 0.5), 1, sizes).astype(np.int64)
     is_train = rank < n_train[group_index]
     # A client whose groups are all single rows has no test row yet: move its first one.
     client = owner[rows]

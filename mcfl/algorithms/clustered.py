@@ -1,0 +1,59 @@
+"""Shared pieces of the clustered algorithms: state, features, metrics."""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from mcfl.engine import ClientStats
+
+
+class ClusterState(flax.struct.PyTreeNode):
+    """K cluster models stacked [K, ...] and every client's cluster [C] int32.
+
+    `active` [K] marks clusters in use (CFL grows its clusters into free slots; the others use
+    all K); `round` counts rounds done.
+    """
+
+    models: object
+    assignment: jax.Array
+    active: jax.Array
+    round: jax.Array
+
+
+def last_dense_kernel(params) -> jax.Array:
+    """The flattened kernel of the last dense layer (FeSEM authors' code clusters on it)."""
+    dense = sorted((k for k in params if k.startswith("Dense_")), key=lambda k: int(k[6:]))
+    return params[dense[-1]]["kernel"].reshape(-1)
+
+
+def features_fn(last_layer: bool):
+    """Per-model feature vector for clustering: all parameters, or the last dense kernel."""
+    if last_layer:
+        return last_dense_kernel
+    return lambda params: ravel_pytree(params)[0]
+
+
+def stacked_features(models, last_layer: bool) -> jax.Array:
+    """[n, d] features of a stacked tree of models [n, ...]."""
+    return jax.vmap(features_fn(last_layer))(models)
+
+
+def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> jax.Array:
+    """Weighted mean of ||W_i - W~_{r_i}||^2 over the round's clients after the M-step
+    (FeSEM Eq. 6's second term), from streamed sums: for each cluster,
+    sum_i w_i ||W_i||^2 - W_k ||mean_k||^2 with mean_k = sums_k / W_k."""
+    center_sq = sum(
+        jnp.sum(jnp.square(s.reshape(s.shape[0], -1)), axis=1) for s in jax.tree.leaves(sums)
+    )
+    between = jnp.sum(jnp.where(weight_sums > 0, center_sq / jnp.maximum(weight_sums, 1e-30), 0))
+    w = weights.astype(jnp.float32)
+    total = jnp.sum(w * stats.sq_norm) - between
+    return jnp.maximum(total, 0.0) / jnp.maximum(jnp.sum(w), 1e-30)
+
+
+def cluster_count(assignment: jax.Array, num_clusters: int) -> jax.Array:
+    """Number of clusters holding at least one client."""
+    return jnp.sum(jnp.bincount(assignment, length=num_clusters) > 0).astype(jnp.float32)

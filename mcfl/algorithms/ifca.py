@@ -1,0 +1,70 @@
+"""IFCA / HypoCluster (Ghosh et al., 2020, "An Efficient Framework for Clustered Federated
+Learning", Alg. 1 with model averaging; Mansour et al., 2020).
+
+Each sampled client receives all K cluster models, evaluates each one's loss on its own training
+data, joins the argmin, trains that model locally; the server averages the returned models per
+cluster weighted by n_i. A cluster no sampled client joined keeps its model. The K models start
+from K independent random initialisations, and every client's first identity is estimated the
+same way (argmin loss) at initialisation, so all clients have a model to be evaluated with.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
+from mcfl.algorithms.clustered import ClusterState, cluster_count, intra_cluster_distance
+from mcfl.engine import (
+    LocalTraining,
+    RoundClients,
+    losses_of_models,
+    segment_mean,
+    train_and_aggregate,
+)
+from mcfl.models import ModelSpec
+from mcfl.sampling import sample_clients
+
+
+def ifca(
+    model: ModelSpec,
+    training: LocalTraining,
+    clients_per_round: int,
+    block_size: int,
+    num_clusters: int,
+) -> FederatedAlgorithm:
+    """IFCA with K = `num_clusters` models."""
+
+    def identities(models, data, clients):
+        losses = losses_of_models(model.apply, data, models, clients, block_size)  # [S, K]
+        return jnp.argmin(losses, axis=1).astype(jnp.int32)
+
+    def init(data, key):
+        models = jax.vmap(model.init)(jax.random.split(key, num_clusters))
+        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+        return ClusterState(models, identities(models, data, clients),
+                            jnp.ones((num_clusters,), bool), jnp.zeros((), jnp.int32))
+
+    def round_(state, data, key):
+        sample_key, train_key = jax.random.split(key)
+        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        joined = identities(state.models, data, clients)
+        weights = data.train_counts[clients]
+        sums, weight_sums, _, stats = train_and_aggregate(
+            training, data, train_key, state.models, RoundClients(clients, joined), weights,
+            joined, num_clusters, block_size,
+        )
+        models = segment_mean(sums, weight_sums, state.models)
+        assignment = state.assignment.at[clients].set(joined)
+        metrics = training_metrics(weights, stats)
+        metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client
+        metrics["intra_cluster_distance"] = intra_cluster_distance(
+            sums, weight_sums, stats, weights)
+        metrics["num_clusters"] = cluster_count(assignment, num_clusters)
+        return state.replace(models=models, assignment=assignment, round=state.round + 1), metrics
+
+    def client_models(state):
+        return state.models, state.assignment
+
+    return FederatedAlgorithm("ifca", init, round_, client_models,
+                              assignments=lambda s: s.assignment)
