@@ -246,3 +246,11 @@ def test_run_reports_clusters(planted, tmp_path):
     assert {"cluster", "true_cluster"} <= set(result.clients[0])
     assert (tmp_path / "assignments.npy").is_file()
     assert sum(int(n) for n in result.rounds[-1]["cluster_sizes"].split()) == 200
+
+
+def test_last_layer_features_pick_the_last_dense_kernel():
+    from mcfl.algorithms.clustered import last_dense_kernel
+
+    params = {f"Dense_{i}": {"kernel": jnp.full((2, 2), float(i)), "bias": jnp.zeros(2)}
+              for i in (0, 2, 10)}
+    np.testing.assert_array_equal(last_dense_kernel(params), np.full(4, 10.0))  # not Dense_2
