@@ -357,6 +357,15 @@ def _training_block_fn(training, data, orders, start_models, assign=None):
     return block_fn
 
 
+def _prepare_training(training, data, key, start_models, selection, weights, segments,
+                      prox_scale, assign):
+    """The round's epoch orders, the clients' inputs sorted by step count (with the inverse
+    order) and the block function, shared by the collecting and the reducing entry points."""
+    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
+    inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
+    return inputs, inverse, _training_block_fn(training, data, orders, start_models, assign)
+
+
 def train_and_collect(
     training: LocalTraining,
     data: FederatedData,
@@ -368,12 +377,11 @@ def train_and_collect(
 ) -> tuple[PyTree, ClientStats]:
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
     anchor), and return their trained models stacked [S, ...] in selection order."""
-    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
     size = selection.clients.shape[0]
-    inputs, inverse = _training_inputs(
-        training, data, selection, jnp.zeros(size), jnp.zeros(size, jnp.int32), prox_scale
+    inputs, inverse, block_fn = _prepare_training(
+        training, data, key, start_models, selection, jnp.zeros(size),
+        jnp.zeros(size, jnp.int32), prox_scale, None,
     )
-    block_fn = _training_block_fn(training, data, orders, start_models)
     models, _, stats = map_blocks(block_fn, inputs, block_size)
     return jax.tree.map(lambda x: x[inverse], (models, stats))
 
@@ -398,9 +406,9 @@ def train_and_aggregate(
     A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
     after training (FeSEM's E-step on the freshly trained models).
     """
-    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
-    inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
-    block_fn = _training_block_fn(training, data, orders, start_models, assign)
+    inputs, inverse, block_fn = _prepare_training(
+        training, data, key, start_models, selection, weights, segments, prox_scale, assign
+    )
     like = jax.tree.map(lambda m: m[0], start_models)
     sums, weight_sums, (segment, stats) = reduce_blocks(
         block_fn, inputs, block_size, num_segments, like

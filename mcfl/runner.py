@@ -92,6 +92,11 @@ def run(
     writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
     assignments: list[np.ndarray] = []
+
+    def summary_with(status: str) -> dict[str, Any]:
+        return _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
+                        block_size, status)
+
     metrics = None
     round_seconds = []
     try:
@@ -121,34 +126,13 @@ def run(
                 progress(r, row)
     except TrainingDivergedError:
         if writer is not None:
-            summary = _summary(
-                config,
-                dataset,
-                rows,
-                round_seconds,
-                started,
-                params_count,
-                per_round,
-                block_size,
-                status="diverged",
-            )
-            output.write_summary(Path(out_dir), summary)
+            output.write_summary(Path(out_dir), summary_with("diverged"))
         raise
     finally:
         if writer is not None:
             writer.close()
 
-    summary = _summary(
-        config,
-        dataset,
-        rows,
-        round_seconds,
-        started,
-        params_count,
-        per_round,
-        block_size,
-        status="completed",
-    )
+    summary = summary_with("completed")
     final_assignment = assignments[-1] if assignments else None
     clients = _client_rows(dataset, metrics, final_assignment)
     stacked = np.stack(assignments) if assignments else None

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
-from mcfl.algorithms.clustered import ClusterState, cluster_count
+from mcfl.algorithms.clustered import ClusterState, cluster_count, clustered_algorithm
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
 from mcfl.models import ModelSpec
@@ -104,8 +104,4 @@ def cfl(
                                   round=state.round + 1)
         return new_state, metrics
 
-    def client_models(state):
-        return state.models, state.assignment
-
-    return FederatedAlgorithm("cfl", init, round_, client_models,
-                              assignments=lambda s: s.assignment)
+    return clustered_algorithm("cfl", init, round_)

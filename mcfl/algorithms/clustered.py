@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from mcfl.engine import ClientStats
+from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
+from mcfl.engine import ClientStats, segment_mean
 
 
 class ClusterState(flax.struct.PyTreeNode):
@@ -57,3 +58,23 @@ def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> ja
 def cluster_count(assignment: jax.Array, num_clusters: int) -> jax.Array:
     """Number of clusters holding at least one client."""
     return jnp.sum(jnp.bincount(assignment, length=num_clusters) > 0).astype(jnp.float32)
+
+
+def finish_round(state, clients, joined, sums, weight_sums, stats, weights, train_counts,
+                 num_clusters: int):
+    """After a streamed M-step: new cluster models (a cluster nobody joined keeps its model),
+    the clients' new clusters, and the round's metrics."""
+    models = segment_mean(sums, weight_sums, state.models)
+    assignment = state.assignment.at[clients].set(joined)
+    metrics = training_metrics(train_counts, stats)
+    metrics["intra_cluster_distance"] = intra_cluster_distance(sums, weight_sums, stats, weights)
+    metrics["num_clusters"] = cluster_count(assignment, num_clusters)
+    new_state = state.replace(models=models, assignment=assignment, round=state.round + 1)
+    return new_state, metrics
+
+
+def clustered_algorithm(name: str, init, round_) -> FederatedAlgorithm:
+    """A FederatedAlgorithm over a ClusterState: a client is evaluated with its cluster's model."""
+    return FederatedAlgorithm(
+        name, init, round_, lambda s: (s.models, s.assignment), assignments=lambda s: s.assignment
+    )

@@ -18,12 +18,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.clustered import (
     ClusterState,
-    cluster_count,
+    clustered_algorithm,
     features_fn,
-    intra_cluster_distance,
+    finish_round,
     stacked_features,
 )
 from mcfl.clustering import kmeans
@@ -31,7 +31,6 @@ from mcfl.engine import (
     LocalTraining,
     RoundClients,
     nearest_models,
-    segment_mean,
     train_and_aggregate,
     train_and_collect,
 )
@@ -101,16 +100,7 @@ def fesem(
             local, data, train_key, state.models, RoundClients(clients, start), weights,
             start, num_clusters, block_size, prox_scale(data, clients), assign=e_step,
         )
-        centers = segment_mean(sums, weight_sums, state.models)
-        assignment = state.assignment.at[clients].set(segment)
-        metrics = training_metrics(data.train_counts[clients], stats)
-        metrics["intra_cluster_distance"] = intra_cluster_distance(
-            sums, weight_sums, stats, weights)
-        metrics["num_clusters"] = cluster_count(assignment, num_clusters)
-        return state.replace(models=centers, assignment=assignment, round=state.round + 1), metrics
+        return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
+                            data.train_counts[clients], num_clusters)
 
-    def client_models(state):
-        return state.models, state.assignment
-
-    return FederatedAlgorithm("fesem", init, round_, client_models,
-                              assignments=lambda s: s.assignment)
+    return clustered_algorithm("fesem", init, round_)

@@ -13,13 +13,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
-from mcfl.algorithms.clustered import ClusterState, cluster_count, intra_cluster_distance
+from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round
 from mcfl.engine import (
     LocalTraining,
     RoundClients,
     losses_of_models,
-    segment_mean,
     train_and_aggregate,
 )
 from mcfl.models import ModelSpec
@@ -54,17 +53,9 @@ def ifca(
             training, data, train_key, state.models, RoundClients(clients, joined), weights,
             joined, num_clusters, block_size,
         )
-        models = segment_mean(sums, weight_sums, state.models)
-        assignment = state.assignment.at[clients].set(joined)
-        metrics = training_metrics(weights, stats)
+        new_state, metrics = finish_round(state, clients, joined, sums, weight_sums, stats,
+                                          weights, weights, num_clusters)
         metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client
-        metrics["intra_cluster_distance"] = intra_cluster_distance(
-            sums, weight_sums, stats, weights)
-        metrics["num_clusters"] = cluster_count(assignment, num_clusters)
-        return state.replace(models=models, assignment=assignment, round=state.round + 1), metrics
+        return new_state, metrics
 
-    def client_models(state):
-        return state.models, state.assignment
-
-    return FederatedAlgorithm("ifca", init, round_, client_models,
-                              assignments=lambda s: s.assignment)
+    return clustered_algorithm("ifca", init, round_)
