@@ -182,6 +182,14 @@ def cmd_data_plot(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from mcfl.compare import compare
+
+    print(compare([Path(r) for r in args.runs], Path(args.out)))
+    print(f"accuracy against communication: {args.out}")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from mcfl.demo import run_demo
 
@@ -210,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_describe.set_defaults(func=cmd_data_describe)
     p_plot.add_argument("--out", default="label_distribution.png", metavar="PNG")
     p_plot.set_defaults(func=cmd_data_plot)
+
+    p_compare = sub.add_parser("compare", help="table and accuracy-vs-communication plot of runs")
+    p_compare.add_argument("--runs", nargs="+", required=True, metavar="DIR")
+    p_compare.add_argument("--out", default="compare.png", metavar="PNG")
+    p_compare.set_defaults(func=cmd_compare)
 
     p_demo = sub.add_parser(
         "demo", help="baselines on Synthetic(1,1); FeSEM and IFCA on planted clusters"

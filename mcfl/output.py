@@ -35,6 +35,9 @@ ROUND_COLUMNS = (
     "f1_micro",
     "f1_macro",
     "test_loss",
+    "comm_params_down",
+    "comm_params_up",
+    "comm_params_total",
 )
 
 

@@ -92,6 +92,7 @@ def run(
     writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
     assignments: list[np.ndarray] = []
+    comm_total = 0
 
     def summary_with(status: str) -> dict[str, Any]:
         return _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
@@ -112,6 +113,7 @@ def run(
                     f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
                 )
             state = new_state
+            comm_total += add_communication(row, params_count, comm_total)
             if algorithm.assignments is not None:
                 assignment = np.asarray(jax.device_get(algorithm.assignments(state)))
                 assignments.append(assignment)
@@ -177,6 +179,7 @@ def _summary(
         summary[f"final_{key}"] = values[-1] if values else None
         summary[f"best_{key}"] = max(values) if values else None
     summary["final_train_loss"] = rows[-1]["train_loss"] if rows else None
+    summary["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
         if rows and key in rows[-1]:
             summary[key] = rows[-1][key]
@@ -186,6 +189,16 @@ def _summary(
     summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
     summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
     return summary
+
+
+def add_communication(row: dict[str, Any], num_params: int, total_before: int) -> int:
+    """Turn the round's model counts into parameters sent down and up (exact integers), with the
+    running total; returns this round's parameters."""
+    down = round(row["models_down"]) * num_params
+    up = round(row["models_up"]) * num_params
+    row.update(comm_params_down=down, comm_params_up=up,
+               comm_params_total=total_before + down + up)
+    return down + up
 
 
 def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) -> dict:

@@ -159,3 +159,31 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
     assert traces == {"round": 1, "evaluate": 1}  # 4 rounds, 4 evaluations, one trace each
+
+
+def test_communication_hand_count_and_compare(tmp_path, capsys):
+    """FedAvg: each of 3 sampled clients gets 1 model and sends 1 back; IFCA (K = 2) sends
+    both models down to each. MCLR on Synthetic has d = 61 * 10 = 610 parameters."""
+    d = 610
+    common = ["--clients", "6", "--rounds", "2", "--clients-per-round", "3", "--no-cache"]
+    assert main(["run", "--algorithm", "fedavg", *common, "--out", str(tmp_path / "a")]) == 0
+    assert main(["run", "--algorithm", "ifca", "--clusters", "2", *common,
+                 "--out", str(tmp_path / "b")]) == 0
+    assert main(["run", "--algorithm", "local", *common, "--out", str(tmp_path / "c")]) == 0
+    expected = {"a": (3 * d, 3 * d), "b": (3 * 2 * d, 3 * d), "c": (0, 0)}
+    for run, (down, up) in expected.items():
+        rounds = _csv(tmp_path / run / "rounds.csv")
+        assert [int(r["comm_params_down"]) for r in rounds] == [down, down]
+        assert [int(r["comm_params_up"]) for r in rounds] == [up, up]
+        assert [int(r["comm_params_total"]) for r in rounds] == [down + up, 2 * (down + up)]
+        summary = json.loads((tmp_path / run / "summary.json").read_text())
+        assert summary["comm_params_total"] == 2 * (down + up)
+    capsys.readouterr()
+    out = tmp_path / "cmp.png"
+    runs = [str(tmp_path / r) for r in "abc"]
+    assert main(["compare", "--runs", *runs, "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "a (fedavg)" in table and "b (ifca)" in table and f"{4 * 3 * d + 2 * 3 * d:.3g}" in table
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert main(["compare", "--runs", str(tmp_path)]) == 2  # not a run folder
+    assert "summary.json is missing" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""`mcfl compare --runs DIR...`: accuracy against cumulative communication (FlexCFL Fig. 6) and
+a table of the runs, read back from their output folders."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from mcfl.errors import DataError
+
+
+def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """A run folder's summary and its rounds (numbers parsed; empty cells dropped)."""
+    summary_path, rounds_path = folder / "summary.json", folder / "rounds.csv"
+    for path in (summary_path, rounds_path):
+        if not path.is_file():
+            raise DataError(f"{folder} is not an mcfl run folder: {path.name} is missing")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{summary_path} is not valid JSON: {e}") from None
+    with open(rounds_path) as f:
+        rounds = [
+            {k: float(v) for k, v in row.items() if v not in ("", None) and k != "cluster_sizes"}
+            for row in csv.DictReader(f)
+        ]
+    return summary, rounds
+
+
+def label_of(folder: Path, summary: dict[str, Any]) -> str:
+    return f"{folder.name} ({summary['config']['algorithm']})"
+
+
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(runs: dict[str, tuple[dict, list]]) -> str:
+    head = (f"{'run':<32} {'rounds':>6} {'acc micro':>9} {'best':>6} {'acc macro':>9} "
+            f"{'ARI':>5} {'params sent':>12} {'s/round':>8}")
+    lines = [head, "-" * len(head)]
+    for label, (s, _) in runs.items():
+        lines.append(
+            f"{label[:32]:<32} {s.get('rounds_completed', 0):>6} "
+            f"{_number(s.get('final_accuracy_micro'), '.4f'):>9} "
+            f"{_number(s.get('best_accuracy_micro'), '.4f'):>6} "
+            f"{_number(s.get('final_accuracy_macro'), '.4f'):>9} "
+            f"{_number(s.get('cluster_ari'), '.2f'):>5} "
+            f"{_number(s.get('comm_params_total'), '.3g'):>12} "
+            f"{_number(s.get('seconds_per_round'), '.3f'):>8}"
+        )
+    return "\n".join(lines)
+
+
+def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, (_, rounds) in runs.items():
+        points = [(r["comm_params_total"], r["accuracy_micro"]) for r in rounds
+                  if "accuracy_micro" in r and "comm_params_total" in r]
+        if points:
+            ax.plot(*zip(*points), marker=".", label=label)
+    ax.set(xlabel="parameters communicated (down + up, cumulative)",
+           ylabel="test accuracy (micro)", title="accuracy against communication")
+    ax.set_xscale("symlog")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def compare(folders: list[Path], out: Path) -> str:
+    """Load the runs, plot them to `out`, and return the table."""
+    runs = {}
+    for folder in folders:
+        summary, rounds = load_run(folder)
+        runs[label_of(folder, summary)] = (summary, rounds)
+    plot_accuracy_vs_communication(runs, out)
+    return format_table(runs)
