@@ -18,7 +18,7 @@ from mcfl.config import FIELDS, RunConfig, from_dict, load_file, parse_hidden
 from mcfl.errors import ConfigError, McflError
 
 HELP = {
-    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl",
+    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl | fedgroup",
     "clusters": "K: FeSEM centers, IFCA models, CFL's most clusters",
     "fesem_lambda": "FeSEM's lambda (Eq. 6)",
     "fesem_restarts": "k-means restarts of FeSEM's initialisation",
@@ -27,6 +27,9 @@ HELP = {
     "cfl_eps1": "CFL splits when the mean update norm < eps1 ...",
     "cfl_eps2": "... and the largest member update norm > eps2",
     "cfl_warmup": "CFL: rounds before the first split",
+    "pretrain_scale": "FedGroup's alpha: alpha * clusters clients pre-train for the cold start",
+    "measure": "FedGroup grouping: edc | madc",
+    "eta_g": "FedGroup inter-group aggregation rate (0: none)",
     "dataset": "synthetic | mnist5k | mnist | fmnist | digits | leaf | tfds:NAME",
     "data_dir": "folder holding the dataset's files",
     "download": "let tensorflow-datasets download the data (never by default)",

@@ -16,8 +16,9 @@ import tomllib
 
 from mcfl.errors import ConfigError, choice_error
 
-ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl")
-CLUSTERED = ("fesem", "ifca", "cfl")
+ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl", "fedgroup")
+CLUSTERED = ("fesem", "ifca", "cfl", "fedgroup")
+MEASURES = ("edc", "madc")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
@@ -70,6 +71,9 @@ class RunConfig:
     cfl_eps1: float = 0.4  # CFL: split when the mean update norm is below eps1 ...
     cfl_eps2: float = 1.6  # ... and the largest member update norm above eps2
     cfl_warmup: int = 20  # CFL: rounds before the first split
+    pretrain_scale: int = 20  # FedGroup: alpha, so alpha * K clients take part in the cold start
+    measure: str = "edc"  # FedGroup grouping: edc (+ k-means++) or madc (+ complete linkage)
+    eta_g: float = 0.0  # FedGroup inter-group aggregation rate
     # execution and evaluation
     eval_every: int = 1
     block_size: Optional[int] = None  # None: chosen from the model size and backend
@@ -127,6 +131,18 @@ def _validate(c: RunConfig) -> None:
         )
     if not isinstance(c.cfl_warmup, int) or c.cfl_warmup < 0:
         raise ConfigError(f"cfl_warmup must be an integer >= 0, got {c.cfl_warmup!r}")
+    if c.measure not in MEASURES:
+        raise choice_error("measure", c.measure, MEASURES)
+    if c.eta_g < 0:
+        raise ConfigError(f"eta_g must be >= 0, got {c.eta_g}")
+    if not isinstance(c.pretrain_scale, int) or c.pretrain_scale < 1:
+        raise ConfigError(f"pretrain_scale must be an integer >= 1, got {c.pretrain_scale!r}")
+    if c.algorithm == "fedgroup" and c.pretrain_scale * c.clusters > c.clients:
+        raise ConfigError(
+            f"the group cold start needs pretrain_scale * clusters = {c.pretrain_scale} * "
+            f"{c.clusters} = {c.pretrain_scale * c.clusters} clients, more than the "
+            f"{c.clients} clients; lower --pretrain-scale or --clusters"
+        )
     if not c.lr > 0:
         raise ConfigError(f"lr must be > 0, got {c.lr}")
     if not c.server_lr > 0:

@@ -204,7 +204,7 @@ def add_communication(row: dict[str, Any], num_params: int, total_before: int) -
 def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) -> dict:
     """Cluster sizes (as text for the CSV) and, where the data has planted clusters, the
     adjusted Rand index and normalised mutual information against them (scikit-learn)."""
-    sizes = np.bincount(assignment)
+    sizes = np.bincount(assignment[assignment >= 0])  # -1: not yet in a cluster (FedGroup)
     out: dict[str, Any] = {"cluster_sizes": " ".join(str(int(n)) for n in sizes[sizes > 0])}
     if true_cluster is not None:
         from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score

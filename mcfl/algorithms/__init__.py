@@ -7,6 +7,7 @@ import optax
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.cfl import cfl
 from mcfl.algorithms.fedavg import fedavg, fedprox
+from mcfl.algorithms.fedgroup import fedgroup
 from mcfl.algorithms.fedsgd import fedsgd
 from mcfl.algorithms.fesem import fesem
 from mcfl.algorithms.ifca import ifca
@@ -24,6 +25,7 @@ __all__ = [
     "fesem",
     "ifca",
     "cfl",
+    "fedgroup",
     "build_algorithm",
 ]
 
@@ -73,5 +75,10 @@ def build_algorithm(
         return cfl(
             model, training, clients_per_round, block_size, config.clusters,
             eps1=config.cfl_eps1, eps2=config.cfl_eps2, warmup=config.cfl_warmup,
+        )
+    if config.algorithm == "fedgroup":
+        return fedgroup(
+            model, training, clients_per_round, block_size, config.clusters,
+            pretrain_scale=config.pretrain_scale, measure=config.measure, eta_g=config.eta_g,
         )
     return local(model, training, clients_per_round, block_size)

@@ -1,0 +1,154 @@
+"""FedGroup (Duan et al., the static-grouping FlexCFL of paper 004, without client migration):
+group cold start, newcomer cold start, per-group FedAvg and inter-group aggregation.
+
+Group cold start (Alg. 3): m = alpha * K random clients pre-train from the initial model W_0 and
+upload their updates dW (an [m, d] matrix, not centred). Grouping: the EDC embedding (cosine of
+each dW_i to the top-K right singular vectors of dW, computed through the m x m Gram matrix) and
+k-means++ on its rows, or MADC with complete-linkage clustering. A group's model is its members'
+mean pre-trained model and its fixed direction dW_g = that model - W_0.
+
+Newcomer cold start (Sec. 3.4): a client still outside every group pre-trains from W_0 the first
+time it is sampled (the whole sampled batch at once) and joins argmin_g (1 - cos(dW_g, dW_i))/2.
+
+Training (Alg. 2): each group runs FedAvg over its sampled members (weighted by n_i); a group
+with no sampled member keeps its model; then inter-group aggregation with eta_g > 0:
+theta_g <- (theta_g + eta_g S_g) / (1 + eta_g T_g), with S_g = sum_{l != g} theta_l / ||theta_l||
+and T_g = sum_{l != g} 1 / ||theta_l||.
+A client not yet in a group is evaluated with W_0.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.clustered import intra_cluster_distance
+from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
+from mcfl.engine import (
+    LocalTraining,
+    RoundClients,
+    segment_mean,
+    train_and_aggregate,
+    train_and_collect,
+)
+from mcfl.models import ModelSpec
+from mcfl.sampling import sample_clients
+
+MEASURES = ("edc", "madc")
+
+
+class GroupState(flax.struct.PyTreeNode):
+    models: object  # [K, ...] group models
+    directions: jax.Array  # [K, d] fixed group update directions dW_g
+    assignment: jax.Array  # [C] int32 group of each client, -1 before its cold start
+    w0: object  # the initial model (newcomers pre-train from it)
+    round: jax.Array
+    cold_start_models: jax.Array  # models sent each way by the group cold start (counted once)
+
+
+def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> jax.Array:
+    """[m] group of each pre-training update [m, d] by EDC + k-means++ or MADC + complete link."""
+    if measure == "edc":
+        return kmeans(key, edc_embedding(updates, num_groups), num_groups, restarts=10).labels
+    return complete_linkage(madc(updates), num_groups)
+
+
+def inter_group_aggregation(models, eta_g: float):
+    """FlexCFL Alg. 2 line 13 on flattened parameters, as normalised in ../shared/ALGORITHMS.md."""
+    flat = jax.vmap(lambda t: ravel_pytree(t)[0])(models)  # [K, d]
+    norms = jnp.maximum(jnp.linalg.norm(flat, axis=1, keepdims=True), 1e-12)  # [K, 1]
+    others = jnp.sum(flat / norms, axis=0, keepdims=True) - flat / norms  # sum over l != g
+    inv_others = jnp.sum(1.0 / norms) - 1.0 / norms
+    mixed = (flat + eta_g * others) / (1.0 + eta_g * inv_others)
+    _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], models))
+    return jax.vmap(unravel)(mixed)
+
+
+def fedgroup(
+    model: ModelSpec,
+    training: LocalTraining,
+    clients_per_round: int,
+    block_size: int,
+    num_groups: int,
+    pretrain_scale: int = 20,
+    measure: str = "edc",
+    eta_g: float = 0.0,
+) -> FederatedAlgorithm:
+    """FedGroup with K = `num_groups` groups found from `pretrain_scale` * K pre-trained clients."""
+    flat = jax.vmap(lambda t: ravel_pytree(t)[0])
+
+    def pretrain(data, key, w0, clients):
+        """[S, d] pre-training updates dW of `clients`, each trained from W_0."""
+        trained, _ = train_and_collect(
+            training, data, key, stack(w0), RoundClients(clients, jnp.zeros_like(clients)),
+            block_size,
+        )
+        return flat(trained) - ravel_pytree(w0)[0][None], trained
+
+    def init(data, key):
+        init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
+        w0 = model.init(init_key)
+        m = pretrain_scale * num_groups
+        cold = jax.random.choice(pick_key, data.num_clients, (m,), replace=False).astype(jnp.int32)
+        updates, trained = pretrain(data, train_key, w0, cold)
+        labels = group_of_updates(updates, num_groups, measure, group_key)
+        one_hot = jax.nn.one_hot(labels, num_groups)  # [m, K]
+        count = jnp.maximum(one_hot.sum(0), 1.0)
+        models = jax.tree.map(
+            lambda t: jnp.tensordot(one_hot.T, t, axes=1, precision=jax.lax.Precision.HIGHEST)
+            / count.reshape((-1,) + (1,) * (t.ndim - 1)),
+            trained,
+        )
+        directions = flat(models) - ravel_pytree(w0)[0][None]
+        assignment = jnp.full((data.num_clients,), -1, jnp.int32).at[cold].set(labels)
+        return GroupState(models, directions, assignment, w0, jnp.zeros((), jnp.int32),
+                          jnp.float32(m))
+
+    def round_(state, data, key):
+        sample_key, cold_key, train_key = jax.random.split(key, 3)
+        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        current = state.assignment[clients]
+        newcomer = current < 0
+
+        def newcomer_groups(_):
+            updates, _ = pretrain(data, cold_key, state.w0, clients)
+            cos = cosine_similarity(updates, state.directions)  # [S, K]
+            return jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
+
+        # Pre-train only in rounds that have a newcomer (under jit, cond runs one branch).
+        joined = jax.lax.cond(jnp.any(newcomer), newcomer_groups,
+                              lambda _: jnp.zeros_like(clients), None)
+        group = jnp.where(newcomer, joined, current)
+        weights = data.train_counts[clients]
+        sums, weight_sums, _, stats = train_and_aggregate(
+            training, data, train_key, state.models, RoundClients(clients, group), weights,
+            group, num_groups, block_size,
+        )
+        models = segment_mean(sums, weight_sums, state.models)
+        if eta_g > 0:
+            models = inter_group_aggregation(models, eta_g)
+        assignment = state.assignment.at[clients].set(group)
+        metrics = training_metrics(weights, stats)
+        # Newcomers download W_0 and upload dW once; the group cold start is counted in round 1.
+        cold = jnp.sum(newcomer).astype(jnp.float32) + jnp.where(
+            state.round == 0, state.cold_start_models, 0.0)
+        metrics["models_down"] = metrics["models_down"] + cold
+        metrics["models_up"] = metrics["models_up"] + cold
+        metrics["intra_cluster_distance"] = intra_cluster_distance(
+            sums, weight_sums, stats, weights)
+        metrics["num_clusters"] = jnp.sum(
+            jax.nn.one_hot(assignment, num_groups).sum(0) > 0).astype(jnp.float32)
+        metrics["unassigned_clients"] = jnp.sum(assignment < 0).astype(jnp.float32)
+        new_state = state.replace(models=models, assignment=assignment, round=state.round + 1)
+        return new_state, metrics
+
+    def client_models(state):
+        # Clients outside every group are evaluated with W_0, appended as model K.
+        models = jax.tree.map(lambda g, w: jnp.concatenate([g, w[None]]), state.models, state.w0)
+        return models, jnp.where(state.assignment < 0, num_groups, state.assignment)
+
+    return FederatedAlgorithm("fedgroup", init, round_, client_models,
+                              assignments=lambda s: s.assignment)

@@ -1,0 +1,116 @@
+"""FedGroup: EDC grouping against scikit-learn, newcomers, inter-group aggregation, errors."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.flatten_util import ravel_pytree
+from sklearn.cluster import KMeans
+from sklearn.decomposition import TruncatedSVD
+from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
+
+import mcfl
+from mcfl.algorithms import fedgroup
+from mcfl.algorithms.base import stack
+from mcfl.algorithms.fedgroup import group_of_updates, inter_group_aggregation
+from mcfl.data import partition_arrays
+from mcfl.data.arrays import LabelledArrays
+from mcfl.data.spec import parse_partition
+from mcfl.engine import LocalTraining, RoundClients, train_and_collect
+from mcfl.errors import ConfigError
+from mcfl.models import make_model
+
+
+@pytest.fixture(scope="module")
+def planted():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, 6000)
+    means = rng.normal(0, 3, (10, 12))
+    x = (means[y] + rng.normal(0, 1, (6000, 12))).astype(np.float32)
+    arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
+    return partition_arrays(arrays, parse_partition("permuted:4"), 120, 0.2, "none", seed=1)
+
+
+def _setup():
+    model = make_model("mclr", (12,), 10)
+    return model, LocalTraining(model.apply, optax.sgd(0.05), batch_size=10)
+
+
+def test_edc_grouping_agrees_with_sklearn_pipeline(planted):
+    model, training = _setup()
+    w0 = model.init(jax.random.key(0))
+    cold = jnp.arange(40, dtype=jnp.int32)
+    trained, _ = train_and_collect(training, planted.arrays, jax.random.key(1), stack(w0),
+                                   RoundClients(cold, jnp.zeros_like(cold)), 8)
+    flat = jax.vmap(lambda t: ravel_pytree(t)[0])
+    updates = np.asarray(flat(trained) - ravel_pytree(w0)[0][None])
+    ours = np.asarray(group_of_updates(jnp.asarray(updates), 4, "edc", jax.random.key(2)))
+    svd = TruncatedSVD(n_components=4, algorithm="arpack").fit(updates)
+    embedding = sk_cosine(updates, svd.components_)
+    reference = KMeans(4, init="k-means++", n_init=10, random_state=0).fit_predict(embedding)
+    assert adjusted_rand_score(reference, ours) >= 0.95
+    assert adjusted_rand_score(planted.true_cluster[:40], ours) >= 0.95
+    by_madc = np.asarray(group_of_updates(jnp.asarray(updates), 4, "madc", None))
+    assert adjusted_rand_score(planted.true_cluster[:40], by_madc) >= 0.95
+
+
+def test_groups_recovered_for_all_clients_newcomers_included(planted):
+    model, training = _setup()
+    algorithm = fedgroup(model, training, 30, 8, num_groups=4, pretrain_scale=5)
+    data = planted.arrays
+    state = algorithm.init(data, jax.random.key(0))
+    assert int(jnp.sum(state.assignment >= 0)) == 20  # only the alpha * K cold-start clients
+    step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
+    for r in range(25):  # rounds with and without newcomers run the same program
+        state, _ = step(state, data, jax.random.key(r))
+    assert int(jnp.sum(state.assignment < 0)) == 0
+    assert adjusted_rand_score(planted.true_cluster, np.asarray(state.assignment)) >= 0.9
+
+
+def test_round_one_communication_counts_the_cold_start(planted):
+    model, training = _setup()
+    algorithm = fedgroup(model, training, 30, 8, num_groups=4, pretrain_scale=5)
+    data = planted.arrays
+    state = algorithm.init(data, jax.random.key(0))
+    before = np.asarray(state.assignment)
+    round_fn = jax.jit(algorithm.round)
+    state, metrics = round_fn(state, data, jax.random.key(0))
+    newcomers = int(np.sum((before < 0) & (np.asarray(state.assignment) >= 0)))
+    assert newcomers > 0
+    # 30 group models down and 30 back, W_0 down and dW up per newcomer, and the cold start's
+    # 20 pre-training clients (once).
+    assert metrics["models_down"] == 30 + newcomers + 20
+    assert metrics["models_up"] == 30 + newcomers + 20
+    before = np.asarray(state.assignment)
+    state, metrics = round_fn(state, data, jax.random.key(1))
+    newcomers = int(np.sum((before < 0) & (np.asarray(state.assignment) >= 0)))
+    assert metrics["models_down"] == 30 + newcomers
+
+
+def test_inter_group_aggregation_formula():
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=(3, 5)).astype(np.float32)
+    models = {"a": jnp.asarray(theta[:, :2]), "b": jnp.asarray(theta[:, 2:])}  # ravel: a, b
+    mixed = inter_group_aggregation(models, 0.5)
+    got = np.concatenate([np.asarray(mixed["a"]), np.asarray(mixed["b"])], axis=1)
+    norms = np.linalg.norm(theta, axis=1)
+    for g in range(3):
+        others = [k for k in range(3) if k != g]
+        num = theta[g] + 0.5 * sum(theta[k] / norms[k] for k in others)
+        den = 1 + 0.5 * sum(1 / norms[k] for k in others)
+        np.testing.assert_allclose(got[g], num / den, rtol=1e-5)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"clusters": 4, "pretrain_scale": 20, "clients": 60}, r"20 \* 4 = 80 clients, more than"),
+    ({"eta_g": -0.1}, "eta_g must be >= 0, got -0.1"),
+    ({"measure": "emd"}, "unknown measure 'emd'; allowed: edc, madc"),
+])
+def test_bad_fedgroup_settings(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        mcfl.RunConfig(algorithm="fedgroup", **changes)
