@@ -96,6 +96,13 @@ def epoch_orders(key: jax.Array, data: FederatedData, num_epochs: int) -> jax.Ar
     return jax.vmap(one_epoch)(jnp.arange(num_epochs, dtype=jnp.int32))
 
 
+def chunk_rows(i, chunk: int, offset, count) -> tuple[jax.Array, jax.Array]:
+    """Rows [chunk] of the i-th chunk of a client's ``count`` rows starting at ``offset``, and
+    the mask of the real ones (past the end, the last row is repeated and masked out)."""
+    pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)
+    return offset + jnp.minimum(pos, jnp.maximum(count - 1, 0)), pos < count
+
+
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean cross-entropy over the rows where `mask` is true (0 if there are none)."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
@@ -175,17 +182,13 @@ def full_gradient(
 ) -> tuple[PyTree, jax.Array]:
     """Gradient and value of one client's mean training loss over all its rows (FedSGD),
     accumulated over chunks of `chunk` rows so memory does not grow with the client."""
-    positions = jnp.arange(chunk, dtype=jnp.int32)
-
     def summed_loss(p, xb, yb, mask):
         losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, xb), yb)
         return jnp.sum(losses * mask)
 
     def body(i, carry):
         grad_sum, loss_sum = carry
-        pos = i * chunk + positions
-        mask = pos < count
-        rows = offset + jnp.minimum(pos, count - 1)
+        rows, mask = chunk_rows(i, chunk, offset, count)
         loss, grad = jax.value_and_grad(summed_loss)(
             params, data.x_train[rows], data.y_train[rows], mask
         )
@@ -472,15 +475,11 @@ def losses_of_models(
 ) -> jax.Array:
     """[S, K] mean training loss of each of the K `models` on each client's training rows
     (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
-    positions = jnp.arange(chunk, dtype=jnp.int32)
-
     def one_client(inp, loop_length):
         offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
 
         def body(i, total):
-            pos = i * chunk + positions
-            mask = pos < count
-            rows = offset + jnp.minimum(pos, count - 1)
+            rows, mask = chunk_rows(i, chunk, offset, count)
             x, y = data.x_train[rows], data.y_train[rows]
 
             def summed(params):
@@ -532,16 +531,13 @@ def evaluate_counts(
         else (data.train_offsets, data.train_counts)
     )
     nc = data.num_classes
-    positions = jnp.arange(eval_batch, dtype=jnp.int32)
 
     def one_client(inp, loop_length):
         params = jax.tree.map(lambda m: m[inp["model"]], models)
         offset, count = offsets[inp["client"]], counts[inp["client"]]
 
         def body(i, acc):
-            pos = i * eval_batch + positions
-            mask = pos < count
-            rows = offset + jnp.minimum(pos, jnp.maximum(count - 1, 0))
+            rows, mask = chunk_rows(i, eval_batch, offset, count)
             logits = apply_fn(params, x[rows])
             labels = y[rows]
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)

@@ -56,8 +56,9 @@ def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> ja
 
 
 def cluster_count(assignment: jax.Array, num_clusters: int) -> jax.Array:
-    """Number of clusters holding at least one client."""
-    return jnp.sum(jnp.bincount(assignment, length=num_clusters) > 0).astype(jnp.float32)
+    """Number of clusters holding at least one client (-1, not yet in a cluster, counts none)."""
+    members = jax.nn.one_hot(assignment, num_clusters).sum(0)  # one_hot(-1) is all zeros
+    return jnp.sum(members > 0).astype(jnp.float32)
 
 
 def finish_round(state, clients, joined, sums, weight_sums, stats, weights, train_counts,

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
-from mcfl.algorithms.clustered import intra_cluster_distance
+from mcfl.algorithms.clustered import cluster_count, intra_cluster_distance
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import (
     LocalTraining,
@@ -139,8 +139,7 @@ def fedgroup(
         metrics["models_up"] = metrics["models_up"] + cold
         metrics["intra_cluster_distance"] = intra_cluster_distance(
             sums, weight_sums, stats, weights)
-        metrics["num_clusters"] = jnp.sum(
-            jax.nn.one_hot(assignment, num_groups).sum(0) > 0).astype(jnp.float32)
+        metrics["num_clusters"] = cluster_count(assignment, num_groups)
         metrics["unassigned_clients"] = jnp.sum(assignment < 0).astype(jnp.float32)
         new_state = state.replace(models=models, assignment=assignment, round=state.round + 1)
         return new_state, metrics
