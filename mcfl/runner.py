@@ -22,7 +22,7 @@ from mcfl import engine, output
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
-from mcfl.errors import TrainingDivergedError
+from mcfl.errors import ConfigError, TrainingDivergedError
 from mcfl.evaluation import aggregate, client_metrics
 from mcfl.models import count_params, make_model
 from mcfl.sampling import resolve_clients_per_round
@@ -77,6 +77,11 @@ def run(
     """
     started = time.perf_counter()
     dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
+    if dataset.num_clients != config.clients:
+        raise ConfigError(
+            f"the dataset passed has {dataset.num_clients} clients but the config says "
+            f"clients={config.clients}; build it from the same config"
+        )
     data = dataset.arrays
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
     key = jax.random.key(config.seed)
@@ -92,14 +97,14 @@ def run(
     writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
     assignments: list[np.ndarray] = []
+    round_seconds: list[float] = []
     comm_total = 0
+    metrics = None
 
     def summary_with(status: str) -> dict[str, Any]:
         return _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
                         block_size, status)
 
-    metrics = None
-    round_seconds = []
     try:
         for r in range(1, config.rounds + 1):
             t0 = time.perf_counter()

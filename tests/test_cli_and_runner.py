@@ -187,3 +187,11 @@ def test_communication_hand_count_and_compare(tmp_path, capsys):
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert main(["compare", "--runs", str(tmp_path)]) == 2  # not a run folder
     assert "summary.json is missing" in capsys.readouterr().err
+
+
+def test_dataset_passed_must_match_the_config():
+    from mcfl.data import load_dataset
+
+    data = load_dataset(mcfl.RunConfig(clients=6))
+    with pytest.raises(mcfl.ConfigError, match="has 6 clients but the config says clients=8"):
+        mcfl.run(mcfl.RunConfig(clients=8, rounds=1), dataset=data)
