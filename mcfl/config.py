@@ -19,6 +19,7 @@ from mcfl.errors import ConfigError, choice_error
 ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl", "fedgroup")
 CLUSTERED = ("fesem", "ifca", "cfl", "fedgroup")
 MEASURES = ("edc", "madc")
+SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
@@ -74,6 +75,10 @@ class RunConfig:
     pretrain_scale: int = 20  # FedGroup: alpha, so alpha * K clients take part in the cold start
     measure: str = "edc"  # FedGroup grouping: edc (+ k-means++) or madc (+ complete linkage)
     eta_g: float = 0.0  # FedGroup inter-group aggregation rate
+    # client-level distribution shift, for any algorithm (mcfl.shift)
+    shift: str = "none"  # none | swap_all | swap_part | incremental
+    shift_prob: float = 0.05  # swap_all / swap_part: chance of a swap each round
+    shift_interval: int = 50  # incremental: rounds between releases of 25% more data
     # execution and evaluation
     eval_every: int = 1
     block_size: Optional[int] = None  # None: chosen from the model size and backend
@@ -131,6 +136,12 @@ def _validate(c: RunConfig) -> None:
         )
     if not isinstance(c.cfl_warmup, int) or c.cfl_warmup < 0:
         raise ConfigError(f"cfl_warmup must be an integer >= 0, got {c.cfl_warmup!r}")
+    if c.shift not in SHIFTS:
+        raise choice_error("shift", c.shift, SHIFTS)
+    if not 0.0 <= c.shift_prob <= 1.0:
+        raise ConfigError(f"shift_prob must be in [0, 1], got {c.shift_prob}")
+    if not isinstance(c.shift_interval, int) or c.shift_interval < 1:
+        raise ConfigError(f"shift_interval must be an integer >= 1, got {c.shift_interval!r}")
     if c.measure not in MEASURES:
         raise choice_error("measure", c.measure, MEASURES)
     if c.eta_g < 0:

@@ -83,7 +83,10 @@ def epoch_orders(key: jax.Array, data: FederatedData, num_epochs: int) -> jax.Ar
     per epoch, drawn from the client's own key (a segmented shuffle: one sort per epoch)."""
     owner = data.train_owner
     rows = jnp.arange(owner.shape[0], dtype=jnp.int32)
-    local_pos = rows - data.train_offsets[owner]
+    # Rank of each row within its client: position in the owner-sorted order minus the offset.
+    sorted_owner = owner[data.train_order]
+    offsets = jnp.concatenate([data.train_offsets, jnp.zeros((1,), jnp.int32)])  # owner C: none
+    local_pos = jnp.zeros_like(rows).at[data.train_order].set(rows - offsets[sorted_owner])
 
     def one_epoch(epoch):
         def row_bits(client, pos):
@@ -97,8 +100,9 @@ def epoch_orders(key: jax.Array, data: FederatedData, num_epochs: int) -> jax.Ar
 
 
 def chunk_rows(i, chunk: int, offset, count) -> tuple[jax.Array, jax.Array]:
-    """Rows [chunk] of the i-th chunk of a client's ``count`` rows starting at ``offset``, and
-    the mask of the real ones (past the end, the last row is repeated and masked out)."""
+    """Positions [chunk] (in the owner-sorted row order) of the i-th chunk of a client's
+    ``count`` rows starting at ``offset``, and the mask of the real ones (past the end, the last
+    position is repeated and masked out)."""
     pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)
     return offset + jnp.minimum(pos, jnp.maximum(count - 1, 0)), pos < count
 
@@ -188,7 +192,8 @@ def full_gradient(
 
     def body(i, carry):
         grad_sum, loss_sum = carry
-        rows, mask = chunk_rows(i, chunk, offset, count)
+        positions, mask = chunk_rows(i, chunk, offset, count)
+        rows = data.train_order[positions]
         loss, grad = jax.value_and_grad(summed_loss)(
             params, data.x_train[rows], data.y_train[rows], mask
         )
@@ -479,7 +484,8 @@ def losses_of_models(
         offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
 
         def body(i, total):
-            rows, mask = chunk_rows(i, chunk, offset, count)
+            positions, mask = chunk_rows(i, chunk, offset, count)
+            rows = data.train_order[positions]
             x, y = data.x_train[rows], data.y_train[rows]
 
             def summed(params):
@@ -525,10 +531,10 @@ def evaluate_counts(
 ) -> EvalCounts:
     """Evaluate every client on its own `split` rows with ``models[model_index[i]]``."""
     x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
-    offsets, counts = (
-        (data.test_offsets, data.test_counts)
+    offsets, counts, order = (
+        (data.test_offsets, data.test_counts, data.test_order)
         if split == "test"
-        else (data.train_offsets, data.train_counts)
+        else (data.train_offsets, data.train_counts, data.train_order)
     )
     nc = data.num_classes
 
@@ -537,7 +543,8 @@ def evaluate_counts(
         offset, count = offsets[inp["client"]], counts[inp["client"]]
 
         def body(i, acc):
-            rows, mask = chunk_rows(i, eval_batch, offset, count)
+            positions, mask = chunk_rows(i, eval_batch, offset, count)
+            rows = order[positions]
             logits = apply_fn(params, x[rows])
             labels = y[rows]
             losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)

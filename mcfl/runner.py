@@ -53,8 +53,9 @@ def evaluate(
     models, index = algorithm.client_models(state)
     if index is None:
         index = jnp.zeros((dataset.num_clients,), jnp.int32)
-    counts = _evaluate_jit(apply_fn, dataset.arrays, models, index, block_size)
-    return client_metrics(jax.device_get(counts), dataset.test_counts())
+    data = dataset.arrays if algorithm.view is None else algorithm.view(state, dataset.arrays)
+    counts = _evaluate_jit(apply_fn, data, models, index, block_size)
+    return client_metrics(jax.device_get(counts), np.asarray(data.test_counts))
 
 
 @jax.jit(static_argnums=(0, 4))

@@ -57,6 +57,16 @@ def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
 def build_algorithm(
     config: RunConfig, model: ModelSpec, clients_per_round: int, block_size: int
 ) -> FederatedAlgorithm:
+    """The config's algorithm, trained on data that shifts if the config asks for it."""
+    from mcfl.shift import with_shift
+
+    algorithm = _base_algorithm(config, model, clients_per_round, block_size)
+    return with_shift(algorithm, config.shift, config.shift_prob, config.shift_interval)
+
+
+def _base_algorithm(
+    config: RunConfig, model: ModelSpec, clients_per_round: int, block_size: int
+) -> FederatedAlgorithm:
     training = local_training(config, model)
     if config.algorithm in ("fedavg", "fedprox"):
         name = config.algorithm

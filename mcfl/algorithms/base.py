@@ -26,6 +26,8 @@ class FederatedAlgorithm(NamedTuple):
     round: Callable[..., tuple[State, dict]]
     client_models: Callable[[State], tuple[Any, jax.Array]]
     assignments: Optional[Callable[[State], jax.Array]] = None
+    # The data as the clients hold it now, when a distribution shift changes it (mcfl.shift).
+    view: Optional[Callable[[State, Any], Any]] = None
 
 
 def stack(params, count: int = 1):

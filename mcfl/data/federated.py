@@ -23,7 +23,11 @@ class FederatedData(flax.struct.PyTreeNode):
     """The device-side arrays of a federated dataset (a pytree, passed to jitted rounds).
 
     Shapes: ``x_*`` [N, *feature_shape]; ``y_*`` [N] int32; ``*_owner`` [N] int32 (the client
-    of each row, rows sorted by client); ``*_offsets`` and ``*_counts`` [C] int32.
+    of each row; ``C`` for a row no client holds now); ``*_offsets`` and ``*_counts`` [C] int32;
+    ``*_order`` [N] int32: the rows sorted by owner, so client i's rows are
+    ``order[offsets[i] : offsets[i] + counts[i]]``. As built, rows are stored sorted by client
+    and the order is the identity; a distribution shift (`mcfl.shift`) moves rows between
+    clients by changing owners, offsets, counts and order, never the row arrays.
     """
 
     x_train: jax.Array
@@ -36,6 +40,8 @@ class FederatedData(flax.struct.PyTreeNode):
     test_owner: jax.Array
     test_offsets: jax.Array
     test_counts: jax.Array
+    train_order: jax.Array
+    test_order: jax.Array
     num_classes: int = flax.struct.field(pytree_node=False)
     min_train_count: int = flax.struct.field(pytree_node=False)
 
@@ -210,6 +216,8 @@ def from_splits(
         test_owner=jnp.asarray(ote, jnp.int32),
         test_offsets=jnp.asarray(offte, jnp.int32),
         test_counts=jnp.asarray(cte, jnp.int32),
+        train_order=jnp.arange(len(ytr), dtype=jnp.int32),
+        test_order=jnp.arange(len(yte), dtype=jnp.int32),
         num_classes=int(num_classes),
         min_train_count=int(ctr.min()),
     )
