@@ -18,7 +18,7 @@ from mcfl.config import FIELDS, RunConfig, from_dict, load_file, parse_hidden
 from mcfl.errors import ConfigError, McflError
 
 HELP = {
-    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl | fedgroup",
+    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl | fedgroup | flexcfl",
     "clusters": "K: FeSEM centers, IFCA models, CFL's most clusters",
     "fesem_lambda": "FeSEM's lambda (Eq. 6)",
     "fesem_restarts": "k-means restarts of FeSEM's initialisation",
@@ -30,6 +30,7 @@ HELP = {
     "pretrain_scale": "FedGroup's alpha: alpha * clusters clients pre-train for the cold start",
     "measure": "FedGroup grouping: edc | madc",
     "eta_g": "FedGroup inter-group aggregation rate (0: none)",
+    "migration": "FlexCFL's shift test: label (label-aware Wasserstein) | counts (authors' code)",
     "shift": "client-level distribution shift: none | swap_all | swap_part | incremental",
     "shift_prob": "chance of a swap each round (swap_all, swap_part)",
     "shift_interval": "incremental: rounds between releases of 25%% more training data",

@@ -16,8 +16,10 @@ import tomllib
 
 from mcfl.errors import ConfigError, choice_error
 
-ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl", "fedgroup")
-CLUSTERED = ("fesem", "ifca", "cfl", "fedgroup")
+ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl", "fedgroup",
+              "flexcfl")
+CLUSTERED = ("fesem", "ifca", "cfl", "fedgroup", "flexcfl")
+MIGRATIONS = ("label", "counts")
 MEASURES = ("edc", "madc")
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
@@ -75,6 +77,7 @@ class RunConfig:
     pretrain_scale: int = 20  # FedGroup: alpha, so alpha * K clients take part in the cold start
     measure: str = "edc"  # FedGroup grouping: edc (+ k-means++) or madc (+ complete linkage)
     eta_g: float = 0.0  # FedGroup inter-group aggregation rate
+    migration: str = "label"  # FlexCFL's shift test: label-aware, or the authors' "counts"
     # client-level distribution shift, for any algorithm (mcfl.shift)
     shift: str = "none"  # none | swap_all | swap_part | incremental
     shift_prob: float = 0.05  # swap_all / swap_part: chance of a swap each round
@@ -142,13 +145,15 @@ def _validate(c: RunConfig) -> None:
         raise ConfigError(f"shift_prob must be in [0, 1], got {c.shift_prob}")
     if not isinstance(c.shift_interval, int) or c.shift_interval < 1:
         raise ConfigError(f"shift_interval must be an integer >= 1, got {c.shift_interval!r}")
+    if c.migration not in MIGRATIONS:
+        raise choice_error("migration", c.migration, MIGRATIONS)
     if c.measure not in MEASURES:
         raise choice_error("measure", c.measure, MEASURES)
     if c.eta_g < 0:
         raise ConfigError(f"eta_g must be >= 0, got {c.eta_g}")
     if not isinstance(c.pretrain_scale, int) or c.pretrain_scale < 1:
         raise ConfigError(f"pretrain_scale must be an integer >= 1, got {c.pretrain_scale!r}")
-    if c.algorithm == "fedgroup" and c.pretrain_scale * c.clusters > c.clients:
+    if c.algorithm in ("fedgroup", "flexcfl") and c.pretrain_scale * c.clusters > c.clients:
         raise ConfigError(
             f"the group cold start needs pretrain_scale * clusters = {c.pretrain_scale} * "
             f"{c.clusters} = {c.pretrain_scale * c.clusters} clients, more than the "

@@ -114,3 +114,56 @@ def test_inter_group_aggregation_formula():
 def test_bad_fedgroup_settings(changes, message):
     with pytest.raises(ConfigError, match=message):
         mcfl.RunConfig(algorithm="fedgroup", **changes)
+
+
+def test_label_aware_shift_sees_what_the_count_vector_test_misses():
+    from mcfl.algorithms.fedgroup import label_shift
+
+    then = jnp.array([[50.0, 50.0, 0.0, 0.0], [50.0, 50.0, 0.0, 0.0], [25.0, 25.0, 25.0, 25.0]])
+    now = jnp.array([[0.0, 0.0, 50.0, 50.0],  # labels {0, 1} -> {2, 3}
+                     [100.0, 100.0, 0.0, 0.0],  # same labels, twice the data (incremental)
+                     [25.0, 25.0, 25.0, 25.0]])  # unchanged
+    tau = 0.2 * now.sum(1) / 4
+    label = np.asarray(label_shift(now, then, "label"))
+    counts = np.asarray(label_shift(now, then, "counts"))
+    np.testing.assert_allclose(label, [100 * (0.5 + 1.0 + 0.5), 0.0, 0.0])
+    assert list(label > tau) == [True, False, False]
+    assert counts[0] == 0.0 and not counts[0] > tau[0]  # the authors' test misses the move
+
+
+def _current_truth(planted, algorithm, state):
+    """The planted cluster of the rows each client holds now (a swap moves them)."""
+    shifted = algorithm.view(state, planted.arrays)
+    original_owner = np.asarray(planted.arrays.train_owner)  # rows stored by original client
+    first = np.asarray(shifted.train_order)[np.asarray(shifted.train_offsets)]
+    return planted.true_cluster[original_owner[first]]
+
+
+def test_flexcfl_migrates_swapped_clients_and_fedgroup_does_not(planted):
+    from mcfl.algorithms import flexcfl
+    from mcfl.shift import with_shift
+
+    model, training = _setup()
+    data = planted.arrays
+    aris = {}
+    for name, make in (("flexcfl", flexcfl), ("fedgroup", fedgroup)):
+        algorithm = with_shift(make(model, training, 40, 8, num_groups=4, pretrain_scale=5),
+                               "swap_all", prob=1.0)
+        state = algorithm.init(data, jax.random.key(0))
+        chex.clear_trace_counter()  # both algorithms are wrapped by the same shift round
+        step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
+        migrated = 0
+        for r in range(30):  # a swap every round
+            state, metrics = step(state, data, jax.random.key(r))
+            migrated += int(metrics["migrated_clients"])
+        truth = _current_truth(planted, algorithm, state)
+        aris[name] = adjusted_rand_score(truth, np.asarray(state[0].assignment))
+        if name == "flexcfl":
+            assert migrated > 0
+    assert aris["flexcfl"] >= 0.9, aris
+    assert aris["fedgroup"] < aris["flexcfl"] - 0.05, aris
+
+
+def test_unknown_migration_variant():
+    with pytest.raises(ConfigError, match="unknown migration 'emd'; allowed: label, counts"):
+        mcfl.RunConfig(algorithm="flexcfl", migration="emd")

@@ -7,7 +7,7 @@ import optax
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.cfl import cfl
 from mcfl.algorithms.fedavg import fedavg, fedprox
-from mcfl.algorithms.fedgroup import fedgroup
+from mcfl.algorithms.fedgroup import fedgroup, flexcfl
 from mcfl.algorithms.fedsgd import fedsgd
 from mcfl.algorithms.fesem import fesem
 from mcfl.algorithms.ifca import ifca
@@ -26,6 +26,7 @@ __all__ = [
     "ifca",
     "cfl",
     "fedgroup",
+    "flexcfl",
     "build_algorithm",
 ]
 
@@ -86,9 +87,11 @@ def _base_algorithm(
             model, training, clients_per_round, block_size, config.clusters,
             eps1=config.cfl_eps1, eps2=config.cfl_eps2, warmup=config.cfl_warmup,
         )
-    if config.algorithm == "fedgroup":
+    if config.algorithm in ("fedgroup", "flexcfl"):
+        migration = config.migration if config.algorithm == "flexcfl" else None
         return fedgroup(
             model, training, clients_per_round, block_size, config.clusters,
             pretrain_scale=config.pretrain_scale, measure=config.measure, eta_g=config.eta_g,
+            migration=migration, name=config.algorithm,
         )
     return local(model, training, clients_per_round, block_size)
