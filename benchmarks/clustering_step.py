@@ -14,7 +14,6 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 
 from mcfl.clustering import kmeans, truncated_svd
 
