@@ -1,7 +1,9 @@
 """Client-level distribution shift (FlexCFL, paper 004, Sec. 5.3), for any algorithm.
 
 Before each round's training (FlexCFL's order), the rows' owners change:
-- ``swap_all``: with probability p, two random clients swap all their train and test rows;
+- ``swap_all``: with probability p, two random clients swap all their train and test rows
+  (FlexCFL's code draws the pair among clients already in a group; here any two clients, so
+  the shift is the same for every algorithm);
 - ``swap_part``: with probability p, two random clients each give the other the rows of one
   label the other does not hold (a no-op if either has no such label);
 - ``incremental``: a client holds 25% of its training rows at first, 50% after `interval`

@@ -31,3 +31,19 @@ def ragged_dataset(sizes, num_features=5, num_classes=3, seed=0, name="ragged"):
 def ragged():
     """Six clients with very different sizes (3 to 300 training rows)."""
     return ragged_dataset([3, 300, 17, 40, 9, 64])
+
+
+def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permuted"):
+    """Gaussian data of 10 classes in 12 dimensions over `num_clients` clients IID, each client
+    carrying one of `num_clusters` planted label permutations (its true cluster)."""
+    from mcfl.data import partition_arrays
+    from mcfl.data.arrays import LabelledArrays
+    from mcfl.data.spec import parse_partition
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, 6000)
+    means = rng.normal(0, 3, (10, 12))
+    x = (means[y] + rng.normal(0, 1, (6000, 12))).astype(np.float32)
+    arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
+    return partition_arrays(arrays, parse_partition(f"{kind}:{num_clusters}"), num_clients, 0.2,
+                            "none", seed=1)

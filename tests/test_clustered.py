@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import ragged_dataset
+from conftest import planted_gaussian, ragged_dataset
 from reference import reference_local_train
 from sklearn.metrics import adjusted_rand_score
 
@@ -35,12 +35,7 @@ from mcfl.sampling import sample_clients
 @pytest.fixture(scope="module")
 def planted():
     """200 clients of Gaussian-class data whose labels follow one of 4 fixed permutations."""
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 10, 6000)
-    means = rng.normal(0, 3, (10, 12))
-    x = (means[y] + rng.normal(0, 1, (6000, 12))).astype(np.float32)
-    arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
-    return partition_arrays(arrays, parse_partition("permuted:4"), 200, 0.2, "none", seed=1)
+    return planted_gaussian(200)
 
 
 def _training(model, lr=0.05, **kw):

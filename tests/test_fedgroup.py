@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import planted_gaussian
 from jax.flatten_util import ravel_pytree
 from sklearn.cluster import KMeans
 from sklearn.decomposition import TruncatedSVD
@@ -18,9 +19,6 @@ import mcfl
 from mcfl.algorithms import fedgroup
 from mcfl.algorithms.base import stack
 from mcfl.algorithms.fedgroup import group_of_updates, inter_group_aggregation
-from mcfl.data import partition_arrays
-from mcfl.data.arrays import LabelledArrays
-from mcfl.data.spec import parse_partition
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
@@ -28,12 +26,8 @@ from mcfl.models import make_model
 
 @pytest.fixture(scope="module")
 def planted():
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 10, 6000)
-    means = rng.normal(0, 3, (10, 12))
-    x = (means[y] + rng.normal(0, 1, (6000, 12))).astype(np.float32)
-    arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
-    return partition_arrays(arrays, parse_partition("permuted:4"), 120, 0.2, "none", seed=1)
+    """120 clients of Gaussian-class data whose labels follow one of 4 fixed permutations."""
+    return planted_gaussian(120)
 
 
 def _setup():
