@@ -71,7 +71,9 @@ def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
 
 def num_epochs_needed(min_train_count: int, training: LocalTraining) -> int:
     """How many epoch orders a round can need: E, or with fixed steps, enough epochs for the
-    smallest client (which cycles through its data fastest)."""
+    smallest client (which cycles through its data fastest). The count is static, from the
+    dataset as built; if a distribution shift leaves a client smaller than that (incremental
+    release, a swapped label), its later epochs reuse the last order (`local_train` clamps)."""
     if training.local_steps is None:
         return training.local_epochs
     steps_per_epoch = -(-min_train_count // training.batch_size)
