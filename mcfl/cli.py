@@ -157,7 +157,8 @@ def cmd_run(args) -> int:
     out = Path(args.out) if args.out else _default_out(config)
     bar, update = _progress_bar(config.rounds, config.algorithm)
     try:
-        result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args))
+        result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args),
+                     profile_dir=args.profile)
     finally:
         bar.close()
     s = result.summary
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p_run)
     add_cache_flags(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
+    p_run.add_argument("--profile", metavar="DIR",
+                       help="write a jax.profiler trace of rounds 2-3 to DIR")
     p_run.set_defaults(func=cmd_run)
 
     p_data = sub.add_parser("data", help="inspect a federated dataset")

@@ -69,12 +69,15 @@ def run(
     progress: Optional[Callable[[int, dict], None]] = None,
     dataset: Optional[FederatedDataset] = None,
     cache_dir: Optional[str | Path] = None,
+    profile_dir: Optional[str | Path] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given.
 
     `progress(round, row)` is called after every round with that round's metrics. A prepared
     `dataset` may be passed to reuse it across runs (it must match the config's clients).
-    With `cache_dir`, the prepared dataset is read from / written to that cache.
+    With `cache_dir`, the prepared dataset is read from / written to that cache. With
+    `profile_dir`, a jax.profiler trace of rounds 2-3 (compiled, steady state; round 1 if the
+    run has one round) is written there for TensorBoard or Perfetto.
     """
     started = time.perf_counter()
     dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
@@ -106,8 +109,13 @@ def run(
         return _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
                         block_size, status)
 
+    profiled = range(min(2, config.rounds), min(3, config.rounds) + 1) if profile_dir else ()
+    tracing = False
     try:
         for r in range(1, config.rounds + 1):
+            if profiled and r == profiled[0]:
+                jax.profiler.start_trace(str(profile_dir))
+                tracing = True
             t0 = time.perf_counter()
             new_state, round_metrics = round_fn(state, data, jax.random.fold_in(rounds_key, r))
             row = {"round": r, **{k: float(v) for k, v in jax.device_get(round_metrics).items()}}
@@ -127,6 +135,9 @@ def run(
             if r % config.eval_every == 0 or r == config.rounds:
                 metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
                 row.update(aggregate(metrics))
+            if tracing and r == profiled[-1]:
+                jax.profiler.stop_trace()
+                tracing = False
             rows.append(row)
             if writer is not None:
                 writer.append(row)
@@ -137,6 +148,8 @@ def run(
             output.write_summary(Path(out_dir), summary_with("diverged"))
         raise
     finally:
+        if tracing:  # a run stopped inside the profiled rounds
+            jax.profiler.stop_trace()
         if writer is not None:
             writer.close()
 

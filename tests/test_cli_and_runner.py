@@ -195,3 +195,9 @@ def test_dataset_passed_must_match_the_config():
     data = load_dataset(mcfl.RunConfig(clients=6))
     with pytest.raises(mcfl.ConfigError, match="has 6 clients but the config says clients=8"):
         mcfl.run(mcfl.RunConfig(clients=8, rounds=1), dataset=data)
+
+
+def test_profile_writes_a_trace(tmp_path):
+    assert main(["run", *SMALL, "--no-cache", "--out", str(tmp_path / "run"),
+                 "--profile", str(tmp_path / "trace")]) == 0
+    assert list((tmp_path / "trace").rglob("*.xplane.pb"))
