@@ -199,3 +199,22 @@ def test_reduce_blocks_equals_weighted_segment_sums(block_size):
         np.testing.assert_allclose(wsums[k], weights[sel].sum(), rtol=1e-6)
     np.testing.assert_array_equal(seg, segments)
     np.testing.assert_array_equal(aux, 2 * segments)
+
+
+def test_scanned_rounds_equal_the_round_by_round_loop(ragged):
+    from mcfl.algorithms.base import scan_rounds
+
+    data = ragged.arrays
+    model = _model(ragged)
+    algorithm = fedavg(model, _training(model), clients_per_round=4, block_size=2)
+    state = algorithm.init(data, jax.random.key(0))
+    rounds_key = jax.random.key(3)
+    scanned, metrics = jax.jit(scan_rounds, static_argnums=(0, 5))(
+        algorithm, state, data, rounds_key, 1, 3)
+    step = jax.jit(algorithm.round)
+    losses = []
+    for r in range(1, 4):
+        state, m = step(state, data, jax.random.fold_in(rounds_key, r))
+        losses.append(float(m["train_loss"]))
+    chex.assert_trees_all_close(scanned.params, state.params, atol=1e-6)
+    np.testing.assert_allclose(metrics["train_loss"], losses, rtol=1e-5)

@@ -48,3 +48,17 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
         "models_down": jnp.float32(stats.loss.shape[0]),
         "models_up": jnp.float32(stats.loss.shape[0]),
     }
+
+
+def scan_rounds(algorithm: FederatedAlgorithm, state, data, rounds_key: jax.Array,
+                first_round: int, num_rounds: int):
+    """Run rounds ``first_round .. first_round + num_rounds - 1`` as one `lax.scan`, with no host
+    round-trip between them; round r uses ``fold_in(rounds_key, r)`` as `mcfl.run` does, so the
+    result equals running them one by one. Returns the final state and each metric stacked
+    [num_rounds]. Jit it with `num_rounds` static."""
+
+    def body(carry, r):
+        return algorithm.round(carry, data, jax.random.fold_in(rounds_key, r))
+
+    rounds = first_round + jnp.arange(num_rounds, dtype=jnp.int32)
+    return jax.lax.scan(body, state, rounds)
