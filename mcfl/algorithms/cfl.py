@@ -19,7 +19,12 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
-from mcfl.algorithms.clustered import ClusterState, cluster_count, clustered_algorithm
+from mcfl.algorithms.clustered import (
+    ClusterState,
+    cluster_count,
+    clustered_algorithm,
+    flat_models,
+)
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
 from mcfl.models import ModelSpec
@@ -81,8 +86,8 @@ def cfl(
             training, data, train_key, state.models, RoundClients(clients, start), block_size
         )
         parents = jax.tree.map(lambda m: m[start], state.models)
-        flat = jax.vmap(lambda t: ravel_pytree(t)[0])
-        updates = flat(trained) - flat(parents)  # [S, d]
+        trained_flat = flat_models(trained)  # [S, d]
+        updates = trained_flat - flat_models(parents)
         weights = data.train_counts[clients].astype(jnp.float32)
         member_cluster, active = split_clusters(state, start, updates, weights)
         # A new half starts from its parent's model, then every cluster takes its members'
@@ -97,9 +102,9 @@ def cfl(
         assignment = state.assignment.at[clients].set(member_cluster)
         metrics = training_metrics(weights, stats)
         metrics["num_clusters"] = cluster_count(assignment, max_clusters)
-        new_centers = flat(models)[member_cluster]
+        new_centers = flat_models(models)[member_cluster]
         metrics["intra_cluster_distance"] = jnp.sum(
-            weights * jnp.sum(jnp.square(flat(trained) - new_centers), axis=1)) / jnp.sum(weights)
+            weights * jnp.sum(jnp.square(trained_flat - new_centers), axis=1)) / jnp.sum(weights)
         new_state = state.replace(models=models, assignment=assignment, active=active,
                                   round=state.round + 1)
         return new_state, metrics

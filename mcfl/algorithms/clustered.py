@@ -42,6 +42,25 @@ def stacked_features(models, last_layer: bool) -> jax.Array:
     return jax.vmap(features_fn(last_layer))(models)
 
 
+def flat_models(models) -> jax.Array:
+    """[n, d] all parameters of each model of a stacked tree [n, ...], flattened."""
+    return stacked_features(models, last_layer=False)
+
+
+def cluster_means(models, labels: jax.Array, num_clusters: int, weights=None):
+    """[K, ...] (weighted) mean of the stacked `models` [n, ...] in each cluster of `labels`
+    (a one-hot matmul); an empty cluster gets zeros."""
+    w = jax.nn.one_hot(labels, num_clusters)  # [n, K]
+    if weights is not None:
+        w = w * weights[:, None]
+    total = jnp.maximum(w.sum(0), 1e-30)
+    return jax.tree.map(
+        lambda m: jnp.tensordot(w.T, m, axes=1, precision=jax.lax.Precision.HIGHEST)
+        / total.reshape((-1,) + (1,) * (m.ndim - 1)),
+        models,
+    )
+
+
 def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> jax.Array:
     """Weighted mean of ||W_i - W~_{r_i}||^2 over the round's clients after the M-step
     (FeSEM Eq. 6's second term), from streamed sums: for each cluster,

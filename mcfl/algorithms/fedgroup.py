@@ -35,7 +35,12 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
-from mcfl.algorithms.clustered import cluster_count, intra_cluster_distance
+from mcfl.algorithms.clustered import (
+    cluster_count,
+    cluster_means,
+    flat_models,
+    intra_cluster_distance,
+)
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import (
     LocalTraining,
@@ -91,7 +96,7 @@ def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> 
 
 def inter_group_aggregation(models, eta_g: float):
     """FlexCFL Alg. 2 line 13 on flattened parameters, as normalised in ../shared/ALGORITHMS.md."""
-    flat = jax.vmap(lambda t: ravel_pytree(t)[0])(models)  # [K, d]
+    flat = flat_models(models)  # [K, d]
     norms = jnp.maximum(jnp.linalg.norm(flat, axis=1, keepdims=True), 1e-12)  # [K, 1]
     others = jnp.sum(flat / norms, axis=0, keepdims=True) - flat / norms  # sum over l != g
     inv_others = jnp.sum(1.0 / norms) - 1.0 / norms
@@ -114,15 +119,13 @@ def fedgroup(
 ) -> FederatedAlgorithm:
     """FedGroup with K = `num_groups` groups found from `pretrain_scale` * K pre-trained clients;
     with `migration` ("label" or "counts") it is FlexCFL (see `flexcfl`)."""
-    flat = jax.vmap(lambda t: ravel_pytree(t)[0])
-
     def pretrain(data, key, w0, clients):
         """[S, d] pre-training updates dW of `clients`, each trained from W_0."""
         trained, _ = train_and_collect(
             training, data, key, stack(w0), RoundClients(clients, jnp.zeros_like(clients)),
             block_size,
         )
-        return flat(trained) - ravel_pytree(w0)[0][None], trained
+        return flat_models(trained) - ravel_pytree(w0)[0][None], trained
 
     def init(data, key):
         init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
@@ -131,14 +134,8 @@ def fedgroup(
         cold = jax.random.choice(pick_key, data.num_clients, (m,), replace=False).astype(jnp.int32)
         updates, trained = pretrain(data, train_key, w0, cold)
         labels = group_of_updates(updates, num_groups, measure, group_key)
-        one_hot = jax.nn.one_hot(labels, num_groups)  # [m, K]
-        count = jnp.maximum(one_hot.sum(0), 1.0)
-        models = jax.tree.map(
-            lambda t: jnp.tensordot(one_hot.T, t, axes=1, precision=jax.lax.Precision.HIGHEST)
-            / count.reshape((-1,) + (1,) * (t.ndim - 1)),
-            trained,
-        )
-        directions = flat(models) - ravel_pytree(w0)[0][None]
+        models = cluster_means(trained, labels, num_groups)
+        directions = flat_models(models) - ravel_pytree(w0)[0][None]
         assignment = jnp.full((data.num_clients,), -1, jnp.int32).at[cold].set(labels)
         return GroupState(models, directions, assignment, w0, jnp.zeros((), jnp.int32),
                           jnp.float32(m), label_counts(data))

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.clustered import (
     ClusterState,
+    cluster_means,
     clustered_algorithm,
     features_fn,
     finish_round,
@@ -76,13 +77,8 @@ def fesem(
         )
         result = kmeans(kmeans_key, stacked_features(local_models, last_layer), num_clusters,
                         restarts=restarts)
-        one_hot = jax.nn.one_hot(result.labels, num_clusters)  # [C, K]
-        w = one_hot * m_step_weights(data, clients)[:, None]
-        centers = jax.tree.map(
-            lambda m: jnp.tensordot(w.T, m, axes=1, precision=jax.lax.Precision.HIGHEST)
-            / jnp.maximum(w.sum(0), 1e-30).reshape((-1,) + (1,) * (m.ndim - 1)),
-            local_models,
-        )
+        centers = cluster_means(local_models, result.labels, num_clusters,
+                                m_step_weights(data, clients))
         return ClusterState(centers, result.labels.astype(jnp.int32),
                             jnp.ones((num_clusters,), bool), jnp.zeros((), jnp.int32))
 
