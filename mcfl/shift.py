@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.config import SHIFTS  # noqa: F401  (re-exported: the shift kinds)
-from mcfl.data.federated import FederatedData
+from mcfl.data.federated import FederatedData, client_label_counts
 
 
 class ShiftState(flax.struct.PyTreeNode):
@@ -61,10 +61,6 @@ def _swap(owner, a, b):
     return jnp.where(owner == a, b, jnp.where(owner == b, a, owner))
 
 
-def _held_labels(owner, labels, num_clients, num_classes):
-    return jnp.zeros((num_clients + 1, num_classes), jnp.int32).at[owner, labels].add(1) > 0
-
-
 def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
                interval: int = 50) -> FederatedAlgorithm:
     """`algorithm` trained and evaluated on data that shifts as `kind` says, each round."""
@@ -91,7 +87,8 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
         if kind == "swap_all":
             new_train, new_test = _swap(train_owner, a, b), _swap(test_owner, a, b)
         else:  # swap_part
-            held = _held_labels(train_owner, data.y_train, data.num_clients, data.num_classes)
+            held = client_label_counts(train_owner, data.y_train, data.num_clients,
+                                       data.num_classes) > 0
             ka, kb = jax.random.split(label_key)
             only_a, only_b = held[a] & ~held[b], held[b] & ~held[a]
             la = jax.random.choice(ka, data.num_classes, p=only_a / jnp.maximum(only_a.sum(), 1))

@@ -42,6 +42,7 @@ from mcfl.algorithms.clustered import (
     intra_cluster_distance,
 )
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
+from mcfl.data.federated import client_label_counts
 from mcfl.engine import (
     LocalTraining,
     RoundClients,
@@ -57,9 +58,8 @@ MEASURES = ("edc", "madc")
 
 def label_counts(data) -> jax.Array:
     """[C, num_classes] training label counts of every client as the data is now."""
-    c = data.num_clients
-    return jnp.zeros((c + 1, data.num_classes), jnp.float32).at[
-        data.train_owner, data.y_train].add(1.0)[:c]
+    return client_label_counts(data.train_owner, data.y_train, data.num_clients,
+                               data.num_classes).astype(jnp.float32)
 
 
 def label_shift(now: jax.Array, then: jax.Array, variant: str = "label") -> jax.Array:

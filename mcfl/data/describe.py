@@ -7,16 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from mcfl.data.federated import FederatedDataset
+from mcfl.data.federated import FederatedDataset, client_label_counts
 
 
 def label_counts(ds: FederatedDataset, split: str = "train") -> np.ndarray:
     """[C, num_classes] label counts of every client's `split` rows."""
     a = ds.arrays
     owner, y = (a.train_owner, a.y_train) if split == "train" else (a.test_owner, a.y_test)
-    counts = np.zeros((ds.num_clients, ds.num_classes), np.int64)
-    np.add.at(counts, (np.asarray(owner), np.asarray(y)), 1)
-    return counts
+    return np.asarray(client_label_counts(owner, y, ds.num_clients, ds.num_classes))
 
 
 def _spread(values: np.ndarray) -> dict[str, float]:

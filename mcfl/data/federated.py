@@ -50,6 +50,14 @@ class FederatedData(flax.struct.PyTreeNode):
         return self.train_counts.shape[0]
 
 
+def client_label_counts(owner: jax.Array, labels: jax.Array, num_clients: int,
+                        num_classes: int) -> jax.Array:
+    """[C, num_classes] label counts of each client's rows (owner C, a row nobody holds, is
+    left out)."""
+    counts = jnp.zeros((num_clients + 1, num_classes), jnp.int32)
+    return counts.at[owner, labels].add(1)[:num_clients]
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedDataset:
     """A federated dataset: device arrays plus host-side metadata (ids, ground truth)."""
