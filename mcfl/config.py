@@ -27,6 +27,7 @@ TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
+LOW_RANK = ("auto", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,9 @@ class RunConfig:
     # execution and evaluation
     eval_every: int = 1
     block_size: Optional[int] = None  # None: chosen from the model size and backend
+    # Train dense models with factored weight changes (mcfl.lowrank): auto = when it is faster
+    low_rank: str = "auto"
+    devices: Optional[int] = None  # local devices the clients are sharded over; None: all
 
     def __post_init__(self):
         _validate(self)
@@ -115,11 +119,20 @@ def _validate(c: RunConfig) -> None:
         raise choice_error("model", c.model, MODELS)
     if c.client_optimizer not in OPTIMIZERS:
         raise choice_error("client_optimizer", c.client_optimizer, OPTIMIZERS)
+    if c.low_rank not in LOW_RANK:
+        raise choice_error("low_rank", c.low_rank, LOW_RANK)
+    if c.low_rank == "on" and (c.model not in ("mclr", "mlp") or c.client_optimizer != "sgd"
+                               or c.weight_decay != 0):
+        raise ConfigError(
+            "low_rank=on needs a dense model (mclr or mlp) trained with plain SGD "
+            f"(client_optimizer=sgd, weight_decay=0); got model={c.model}, "
+            f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
+        )
     for name in ("clients", "rounds", "batch_size", "local_epochs", "eval_every"):
         value = getattr(c, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    for name in ("local_steps", "block_size"):
+    for name in ("local_steps", "block_size", "devices"):
         value = getattr(c, name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mcfl import lowrank
 from mcfl.data.federated import FederatedData
 
 PyTree = Any
@@ -47,6 +48,11 @@ class LocalTraining(NamedTuple):
     local_epochs: int = 1
     local_steps: Optional[int] = None
     mu: float = 0.0
+    # The factored fast path (`mcfl.lowrank`) needs both: the learning rate when `optimizer` is
+    # plain ``optax.sgd(lr)``, and the model's dense layers when it is a ReLU dense stack.
+    sgd_lr: Optional[float] = None
+    dense_layers: Optional[tuple[str, ...]] = None
+    low_rank: str = "auto"  # auto (when it is faster), on, off
 
 
 class ClientStats(NamedTuple):
@@ -213,12 +219,38 @@ def full_gradient(
 # Blocks: map or reduce a per-client function over the clients of a round.
 
 
-def _pad_and_block(inputs: dict, block_size: int) -> tuple[dict, int]:
-    """Zero-pad every [S, ...] input to a multiple of `block_size` and reshape to
+CLIENT_AXIS = "clients"
+
+
+def client_mesh(num_devices: Optional[int] = None) -> jax.sharding.Mesh:
+    """A 1-D mesh over the first `num_devices` local devices (all by default) whose axis
+    shards the clients of every round. Run under ``jax.set_mesh(client_mesh())``: the engine
+    then deals blocks of clients to the devices; data and models stay replicated."""
+    devices = jax.devices()
+    count = len(devices) if num_devices is None else num_devices
+    if not 1 <= count <= len(devices):
+        raise ValueError(f"devices must be between 1 and {len(devices)} here, got {count}")
+    # Auto axis: shard_map reshards the (replicated) client inputs itself.
+    return jax.make_mesh((count,), (CLIENT_AXIS,), (jax.sharding.AxisType.Auto,),
+                         devices=devices[:count])
+
+
+def client_shards() -> int:
+    """How many devices the clients are sharded over: the size of the current mesh's
+    `CLIENT_AXIS` (1 outside a mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or CLIENT_AXIS not in mesh.axis_names:
+        return 1
+    return int(mesh.shape[CLIENT_AXIS])
+
+
+def _pad_and_block(inputs: dict, block_size: int, shards: int = 1) -> tuple[dict, int]:
+    """Zero-pad every [S, ...] input to a multiple of ``block_size * shards`` and reshape to
     [num_blocks, block_size, ...]. Zero padding makes padded clients no-ops: they have no
     steps and no weight."""
     size = jax.tree.leaves(inputs)[0].shape[0]
     num_blocks = -(-size // block_size)
+    num_blocks = -(-num_blocks // shards) * shards
     pad = num_blocks * block_size - size
 
     def block(x):
@@ -232,10 +264,52 @@ def _unblock(tree: PyTree, size: int) -> PyTree:
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:size], tree)
 
 
+def _over_devices(run_blocks: Callable, blocked: dict, shards: int, summed: PyTree = None):
+    """``run_blocks(blocked) -> (summed, per_block)`` with the blocks dealt round-robin to
+    `shards` devices (block j to device j % shards, so clients sorted by step count spread
+    evenly); `summed` outputs are added over devices (``psum``), per-block outputs come back
+    in block order. With one shard, just ``run_blocks(blocked)``."""
+    if shards == 1:
+        return run_blocks(blocked)
+
+    def deal(x):  # [nb, ...] -> [shards, nb / shards, ...]
+        return jnp.swapaxes(x.reshape((-1, shards) + x.shape[1:]), 0, 1)
+
+    def collect(x):  # inverse of deal
+        return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
+
+    dealt = jax.tree.map(deal, blocked)
+    # Arrays the block function closes over (data, models, orders) enter shard_map as
+    # explicit replicated arguments: closed-over values are not allowed inside it.
+    local_example = jax.tree.map(lambda x: x[0], dealt)
+    converted, consts = jax.closure_convert(run_blocks, local_example)
+
+    def per_device(local, consts):
+        total, per_block = converted(jax.tree.map(lambda x: x[0], local), *consts)
+        total = jax.tree.map(lambda t: jax.lax.psum(t, CLIENT_AXIS), total)
+        return total, jax.tree.map(lambda y: y[None], per_block)
+
+    spec = jax.sharding.PartitionSpec(CLIENT_AXIS)
+    replicated = jax.sharding.PartitionSpec()
+    total, per_block = jax.shard_map(
+        per_device, in_specs=(spec, replicated), out_specs=(replicated, spec)
+    )(dealt, consts)
+    return total, jax.tree.map(collect, per_block)
+
+
 def map_blocks(block_fn: Callable, inputs: dict, block_size: int) -> PyTree:
-    """Apply `block_fn` ([b]-batched inputs -> [b]-batched outputs) block after block."""
-    blocked, size = _pad_and_block(inputs, block_size)
-    return _unblock(jax.lax.map(block_fn, blocked), size)
+    """Apply `block_fn` ([b]-batched inputs -> [b]-batched outputs) block after block (the
+    blocks spread over the devices of the current client mesh)."""
+    shards = client_shards()
+    blocked, size = _pad_and_block(inputs, block_size, shards)
+    _, out = _over_devices(lambda bl: ((), jax.lax.map(block_fn, bl)), blocked, shards)
+    return _unblock(out, size)
+
+
+class BlockSums(NamedTuple):
+    """A block function's already-reduced output: per-segment weighted sums [K, ...]."""
+
+    sums: PyTree
 
 
 def reduce_blocks(
@@ -249,11 +323,13 @@ def reduce_blocks(
 
     `block_fn` returns ``(tree [b, ...], segment [b], aux [b, ...])``: each client's tree is added,
     times its ``inputs["weight"]``, to the sum of its segment (the segment may be decided inside
-    the block, after training: FeSEM's E-step). Returns the weighted per-segment sums ([K, ...]
+    the block, after training: FeSEM's E-step). A block that sums its clients itself returns
+    `BlockSums` in place of the tree. Returns the weighted per-segment sums ([K, ...]
     shaped like `like` with a leading K), the summed weights [K], and aux [S, ...]. Only one block
     of client trees is alive at a time.
     """
-    blocked, size = _pad_and_block(inputs, block_size)
+    shards = client_shards()
+    blocked, size = _pad_and_block(inputs, block_size, shards)
     sums0 = jax.tree.map(lambda x: jnp.zeros((num_segments,) + x.shape, jnp.float32), like)
 
     def body(carry, block):
@@ -261,19 +337,23 @@ def reduce_blocks(
         tree, segment, aux = block_fn(block)
         # [b, K] one-hot weights: a matmul, which accelerators do at full speed.
         mix = jax.nn.one_hot(segment, num_segments) * block["weight"][:, None]
-        sums = jax.tree.map(
-            lambda acc, leaf: acc
-            + jnp.tensordot(
-                mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
-            ),
-            sums,
-            tree,
-        )
+        if isinstance(tree, BlockSums):  # the block summed itself (the low-rank path)
+            sums = jax.tree.map(jnp.add, sums, tree.sums)
+        else:
+            sums = jax.tree.map(
+                lambda acc, leaf: acc
+                + jnp.tensordot(
+                    mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
+                ),
+                sums,
+                tree,
+            )
         return (sums, weight_sums + jnp.sum(mix, axis=0)), (segment, aux)
 
-    (sums, weight_sums), (segments, aux) = jax.lax.scan(
-        body, (sums0, jnp.zeros((num_segments,), jnp.float32)), blocked
-    )
+    def run_blocks(blocks):
+        return jax.lax.scan(body, (sums0, jnp.zeros((num_segments,), jnp.float32)), blocks)
+
+    (sums, weight_sums), (segments, aux) = _over_devices(run_blocks, blocked, shards)
     return sums, weight_sums, _unblock((segments, aux), size)
 
 
@@ -367,13 +447,74 @@ def _training_block_fn(training, data, orders, start_models, assign=None):
     return block_fn
 
 
+def low_rank_capacity(training: LocalTraining, data: FederatedData,
+                      start_models: PyTree) -> Optional[int]:
+    """The most local steps a client can take this round if the round runs on the factored
+    path (`mcfl.lowrank`), or None to run per-client models. Decided at trace time from static
+    shapes: ``training.low_rank`` "on" forces it (plain SGD on a dense ReLU stack only), "auto"
+    takes it when `lowrank.worth_low_rank` says it is cheaper."""
+    if training.low_rank == "off":
+        return None
+    usable = training.sgd_lr is not None and training.dense_layers is not None
+    if not usable:
+        if training.low_rank == "on":
+            raise ValueError("the low-rank path needs plain SGD on a dense (mclr / mlp) model")
+        return None
+    if training.local_steps is not None:
+        capacity = training.local_steps
+    else:
+        capacity = training.local_epochs * ceil_div(data.max_train_count, training.batch_size)
+    if training.low_rank == "auto":
+        shapes = lowrank.layer_shapes(start_models, training.dense_layers)
+        if not lowrank.worth_low_rank(capacity * training.batch_size, shapes):
+            return None
+    return max(int(capacity), 1)
+
+
+def _low_rank_block_fn(training, data, orders, start_models, capacity, assign, sum_in_block):
+    """`_training_block_fn` on the factored path. With one start model, one segment and no
+    `assign`, the block returns its weighted sum directly and never forms per-client models."""
+    layers = training.dense_layers
+    shared = jax.tree.leaves(start_models)[0].shape[0] == 1
+    start = jax.tree.map(lambda m: m[0], start_models) if shared else start_models
+
+    def block_fn(block):
+        result = lowrank.train_block(
+            layers, training.sgd_lr, training.mu, training.batch_size, capacity, data, orders,
+            start, shared, block, jnp.max(block["steps"]),
+        )
+        update_norm, sq_norm = lowrank.update_and_model_norms(
+            start, layers, shared, block["start"], result
+        )
+        stats = ClientStats(
+            loss=result.loss_sum / jnp.maximum(result.taken, 1),
+            steps=result.taken,
+            update_norm=update_norm,
+            sq_norm=sq_norm,
+        )
+        if sum_in_block and shared and assign is None:
+            summed = lowrank.weighted_sum(start, layers, result, block["weight"])
+            return BlockSums(jax.tree.map(lambda x: x[None], summed)), block["segment"], stats
+        trained = lowrank.materialize(start, layers, shared, block["start"], result)
+        segment = block["segment"] if assign is None else assign(trained)
+        return trained, segment, stats
+
+    return block_fn
+
+
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
-                      prox_scale, assign):
+                      prox_scale, assign, sum_in_block=False):
     """The round's epoch orders, the clients' inputs sorted by step count (with the inverse
     order) and the block function, shared by the collecting and the reducing entry points."""
     orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
     inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
-    return inputs, inverse, _training_block_fn(training, data, orders, start_models, assign)
+    capacity = low_rank_capacity(training, data, start_models)
+    if capacity is None:
+        block_fn = _training_block_fn(training, data, orders, start_models, assign)
+    else:
+        block_fn = _low_rank_block_fn(training, data, orders, start_models, capacity, assign,
+                                      sum_in_block)
+    return inputs, inverse, block_fn
 
 
 def train_and_collect(
@@ -417,7 +558,8 @@ def train_and_aggregate(
     after training (FeSEM's E-step on the freshly trained models).
     """
     inputs, inverse, block_fn = _prepare_training(
-        training, data, key, start_models, selection, weights, segments, prox_scale, assign
+        training, data, key, start_models, selection, weights, segments, prox_scale, assign,
+        sum_in_block=num_segments == 1,
     )
     like = jax.tree.map(lambda m: m[0], start_models)
     sums, weight_sums, (segment, stats) = reduce_blocks(
@@ -577,18 +719,21 @@ def evaluate_counts(
     return map_blocks(block_fn, inputs, block_size)
 
 
-def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None) -> int:
+def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None,
+                       low_rank: bool = False) -> int:
     """Clients per vmapped block.
 
     On CPU, small blocks: a block runs as long as its longest client, so with clients sorted by
     step count, small blocks waste the fewest masked steps, and their models stay in cache.
     Measured on 2 CPU cores, FedAvg over all 1,000 Synthetic clients (MCLR): block 1: 0.73 s a
     round, 4: 0.45, 8: 0.40, 16: 0.45, 32: 0.54, 128: 1.49, 1,000: 8.4 (BENCHMARKS.md).
+    The low-rank path (`mcfl.lowrank`) keeps no per-client model, only a short history per
+    client, and wants blocks big enough that its shared matmuls run at full speed: 50 on CPU.
     On GPU / TPU, large blocks (up to ~256 MB of parameters each) to fill the device.
     """
     backend = backend or jax.default_backend()
     if backend == "cpu":
-        cap, budget = 8, 1 << 22  # bytes of parameters per block
+        cap, budget = (50, 1 << 26) if low_rank else (8, 1 << 22)  # bytes of params per block
     else:
         cap, budget = 1024, 1 << 28
     size = max(1, budget // max(1, 4 * num_params))

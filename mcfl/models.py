@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -83,6 +83,9 @@ class ModelSpec(NamedTuple):
     module: nn.Module
     feature_shape: tuple[int, ...]
     apply: Callable
+    # For a ReLU stack of dense layers on the flattened input (mclr, mlp): the layers' parameter
+    # names in order, which lets the engine train it in factored form (`mcfl.lowrank`).
+    dense_layers: Optional[tuple[str, ...]] = None
 
     def init(self, key: jax.Array):
         dummy = jnp.zeros((1,) + tuple(self.feature_shape), jnp.float32)
@@ -118,19 +121,22 @@ def make_model(
     hidden: Sequence[int] = (200, 200),
 ) -> ModelSpec:
     """Build a model by its registry name for inputs of `feature_shape`."""
+    dense_layers = None
     if name == "mclr":
         module = MCLR(num_classes)
+        dense_layers = ("Dense_0",)
     elif name == "mlp":
         if not hidden or any(int(h) < 1 for h in hidden):
             raise ConfigError(f"hidden widths must be positive integers, got {tuple(hidden)}")
         module = MLP(tuple(int(h) for h in hidden), num_classes)
+        dense_layers = tuple(f"Dense_{i}" for i in range(len(hidden) + 1))
     elif name == "cnn-fmnist":
         module = ConvNet(num_classes, _image_shape(feature_shape), dense=1024)
     elif name == "cnn-leaf":
         module = ConvNet(num_classes, _image_shape(feature_shape), dense=2048)
     else:
         raise choice_error("model", name, MODEL_NAMES)
-    return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module))
+    return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module), dense_layers)
 
 
 def count_params(params) -> int:

@@ -7,6 +7,7 @@ run that stops early (NaN, Ctrl-C) keeps every round it finished.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl import engine, output
-from mcfl.algorithms import FederatedAlgorithm, build_algorithm
+from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
 from mcfl.errors import ConfigError, TrainingDivergedError
@@ -79,6 +80,31 @@ def run(
     `profile_dir`, a jax.profiler trace of rounds 2-3 (compiled, steady state; round 1 if the
     run has one round) is written there for TensorBoard or Perfetto.
     """
+    with _client_mesh(config.devices):
+        return _run(config, out_dir, progress, dataset, cache_dir, profile_dir)
+
+
+def _client_mesh(devices: Optional[int]):
+    """The context that shards clients over `devices` local devices (None: all of them);
+    nothing to do for one device."""
+    available = len(jax.devices())
+    count = available if devices is None else devices
+    if count > available:
+        raise ConfigError(f"devices={count} but this machine has {available} "
+                          f"{jax.default_backend()} device(s); use --devices 1..{available}")
+    if count == 1:
+        return contextlib.nullcontext()
+    return jax.set_mesh(engine.client_mesh(count))
+
+
+def _run(
+    config: RunConfig,
+    out_dir: Optional[str | Path] = None,
+    progress: Optional[Callable[[int, dict], None]] = None,
+    dataset: Optional[FederatedDataset] = None,
+    cache_dir: Optional[str | Path] = None,
+    profile_dir: Optional[str | Path] = None,
+) -> RunResult:
     started = time.perf_counter()
     dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     if dataset.num_clients != config.clients:
@@ -92,7 +118,12 @@ def run(
     init_key, rounds_key = jax.random.split(key)
     params_count = count_params(jax.eval_shape(model.init, init_key))
     per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
-    block_size = config.block_size or engine.default_block_size(params_count, per_round)
+    # Whether rounds will train on the factored path (a shift's view makes every round dense).
+    low_rank = config.shift == "none" and engine.low_rank_capacity(
+        local_training(config, model), data, jax.eval_shape(jax.vmap(model.init), init_key[None])
+    ) is not None
+    block_size = config.block_size or engine.default_block_size(params_count, per_round,
+                                                                low_rank=low_rank)
     algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 
@@ -106,8 +137,9 @@ def run(
     metrics = None
 
     def summary_with(status: str) -> dict[str, Any]:
-        return _summary(config, dataset, rows, round_seconds, started, params_count, per_round,
-                        block_size, status)
+        summary = _summary(config, dataset, rows, round_seconds, started, params_count,
+                           per_round, block_size, status)
+        return {**summary, "low_rank": low_rank, "devices": engine.client_shards()}
 
     profiled = range(min(2, config.rounds), min(3, config.rounds) + 1) if profile_dir else ()
     tracing = False

@@ -46,6 +46,8 @@ def view(data: FederatedData, state: ShiftState) -> FederatedData:
         train_owner=state.train_owner, train_offsets=tr_off, train_counts=tr_cnt,
         train_order=tr_ord, test_owner=state.test_owner, test_offsets=te_off,
         test_counts=te_cnt, test_order=te_ord,
+        # a swap can leave a client more rows than any held as built
+        max_train_count=int(state.train_owner.shape[0]),
     )
 
 

@@ -52,7 +52,15 @@ def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
         local_epochs=config.local_epochs,
         local_steps=config.local_steps,
         mu=config.effective_mu,
+        sgd_lr=config.lr if plain_sgd(config) else None,
+        dense_layers=model.dense_layers,
+        low_rank=config.low_rank,
     )
+
+
+def plain_sgd(config: RunConfig) -> bool:
+    """Whether the clients' optimizer is ``optax.sgd(lr)`` and nothing else."""
+    return config.client_optimizer == "sgd" and config.weight_decay == 0
 
 
 def build_algorithm(

@@ -44,6 +44,8 @@ class FederatedData(flax.struct.PyTreeNode):
     test_order: jax.Array
     num_classes: int = flax.struct.field(pytree_node=False)
     min_train_count: int = flax.struct.field(pytree_node=False)
+    # An upper bound on any client's training rows (static: it sizes the low-rank buffers).
+    max_train_count: int = flax.struct.field(pytree_node=False)
 
     @property
     def num_clients(self) -> int:
@@ -228,6 +230,7 @@ def from_splits(
         test_order=jnp.arange(len(yte), dtype=jnp.int32),
         num_classes=int(num_classes),
         min_train_count=int(ctr.min()),
+        max_train_count=int(ctr.max()),
     )
     return FederatedDataset(
         name=name,

@@ -1,0 +1,285 @@
+"""Exact local SGD for dense ReLU networks, with each client's weight change kept low-rank.
+
+Why: a client's SGD step on a dense layer changes its kernel by ``-lr * h^T delta``, a rank-B
+outer product (B = batch size). Run naively, every client step writes a full [in, out] gradient
+and rewrites the client's kernel: on CPU that traffic, not arithmetic, is the cost (a B = 10
+weight-gradient runs at ~1/3 of the matmul peak of this machine, see BENCHMARKS.md).
+
+The algebra: with plain SGD (learning rate lr) and an optional proximal pull ``mu'`` to the
+start model (FedProx, Li et al. 2020, Eq. 2; FeSEM's per-client weight, Eq. 8), a client that
+started from kernel ``W0`` holds after t steps
+
+    W_t = W0 + D_t,   D_t = sum_{s<t} -lr * (1 - lr mu')^(t-1-s) * h_s^T delta_s,
+
+so D_t is ``H^T Dl`` with H the stacked layer inputs of the past steps ([t B, in]) and Dl their
+scaled output gradients ([t B, out]). The forward pass ``h W_t = h W0 + (h H^T) Dl`` and the
+backward pass ``delta W_t^T = delta W0^T + (delta Dl^T) H`` only touch the *shared* start kernel
+(one large matmul over every client of a block: the same arithmetic as centralised training) and
+[B, tB] Gram corrections. FedAvg's average of the clients' kernels is ``W0 + sum_i w_i H_i^T
+Dl_i / sum_i w_i``: one more large matmul. No per-client kernel is ever formed on that path.
+
+The result equals `engine.local_train` with ``optax.sgd(lr)`` to float rounding (tests check
+it). It pays off while the history t B stays small next to the layer widths
+(`worth_low_rank`); biases are tiny and kept dense per client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+class LowRankClient(NamedTuple):
+    """A block of clients after local training, as factors ([b] leading axis on every field).
+
+    Kernel l of client i is ``start_i[l] + inputs[l][i].T @ scaled_grads[l][i]``; bias l is
+    ``start_i[l] + bias_delta[l][i]``.
+    """
+
+    inputs: tuple  # per layer [b, R, in]: layer inputs of every step (R = capacity rows)
+    scaled_grads: tuple  # per layer [b, R, out]: -lr * decay * output gradients
+    shared_out: tuple  # per layer [b, R, out]: the inputs times the start kernel (h_s W0)
+    bias_delta: tuple  # per layer [b, out]
+    loss_sum: jax.Array  # [b] summed training loss of the steps taken
+    taken: jax.Array  # [b] steps taken
+    first_gram: jax.Array  # [b, R, R]: inputs[0] @ inputs[0]^T, reused for the norms
+
+
+def layer_shapes(params: PyTree, layers: Sequence[str]) -> list[tuple[int, int]]:
+    """(in, out) of each dense layer of a parameter tree (stacked or not; shapes suffice)."""
+    return [tuple(params[name]["kernel"].shape[-2:]) for name in layers]
+
+
+def worth_low_rank(history_rows: int, shapes: Sequence[tuple[int, int]]) -> bool:
+    """Whether the factored form is cheaper than per-client kernels: the history (rows x
+    (in + out) per layer) must stay well below the kernels it replaces (in x out).
+
+    Measured on 2 CPU cores (BENCHMARKS.md): MLP 784-200-200-10 with 50 history rows is ~3x
+    faster factored; MCLR 60 -> 10 is never worth it.
+    """
+    factored = history_rows * sum(i + o for i, o in shapes)
+    dense = sum(i * o for i, o in shapes)
+    return 4 * factored <= dense
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    return x.reshape((x.shape[0], -1)).astype(jnp.float32)
+
+
+def train_block(
+    layers: Sequence[str],
+    lr: float,
+    mu: float,
+    batch: int,
+    capacity: int,
+    data,
+    orders: jax.Array,
+    start: PyTree,
+    shared_start: bool,
+    block: dict,
+    loop_length: jax.Array,
+) -> LowRankClient:
+    """Local SGD of a block of clients (``block``: [b] "client", "steps", "prox_scale", and
+    "start" when the start models differ), for `loop_length` steps, of which client i takes
+    ``block["steps"][i]``; each step's batch is chosen exactly as `engine.local_train` does.
+
+    `start` is one model (``shared_start``: every client of the block starts from it, and the
+    start-kernel products are one matmul over the block's rows) or a stacked tree indexed by
+    ``block["start"]``. `capacity` (static) bounds the steps any client takes.
+
+    The first layer's inputs are the data, known before training: its start-kernel product
+    and the Gram matrix of every row a client will visit are computed once, up front, as
+    large matmuls; the steps only add [B, R] x [R, out] corrections. Deeper layers keep a
+    history of their inputs, written step by step.
+    """
+    num_layers = len(layers)
+    size = block["client"].shape[0]
+    rows_cap = capacity * batch
+
+    def params_of(layer, kind):
+        leaf = start[layer][kind]
+        return leaf if shared_start else leaf[block["start"]]
+
+    kernels = [params_of(name, "kernel") for name in layers]
+    biases = [params_of(name, "bias") for name in layers]
+
+    def times_kernel(h, layer):
+        """[b, r, in] @ kernel -> [b, r, out]; one matmul over all rows when shared."""
+        k = kernels[layer]
+        if shared_start:
+            return (h.reshape(-1, h.shape[-1]) @ k).reshape(h.shape[:-1] + (k.shape[-1],))
+        return jnp.einsum("bri,bio->bro", h, k)
+
+    def times_kernel_t(d, layer):
+        """[b, r, out] @ kernel^T -> [b, r, in]."""
+        k = kernels[layer]
+        if shared_start:
+            return (d.reshape(-1, d.shape[-1]) @ k.T).reshape(d.shape[:-1] + (k.shape[0],))
+        return jnp.einsum("bro,bio->bri", d, k)
+
+    # Every row each client visits, step after step: [b, R] (R = capacity * batch).
+    rows, mask = jax.vmap(
+        lambda c: visit_rows(data, orders, c, capacity, batch)
+    )(block["client"])
+    x = data.x_train[rows.reshape(-1)]
+    x = x.reshape((size, rows_cap, -1)).astype(jnp.float32)
+    labels = data.y_train[rows].reshape(size, capacity, batch)
+    maskf = mask.astype(jnp.float32).reshape(size, capacity, batch)
+    first_shared = times_kernel(x, 0)  # [b, R, out0]
+    first_gram = jnp.einsum("bri,bsi->brs", x, x)  # [b, R, R]
+
+    def rows_of_step(a, s):
+        """Rows ``s * batch ... + batch`` of every client's [b, R, ...] array."""
+        return jax.lax.dynamic_slice_in_dim(a, s * batch, batch, axis=1)
+
+    def step(s, carry):
+        hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken = carry
+        inputs, pre_acts = [None], []
+        h = None
+        for layer in range(num_layers):
+            if layer == 0:
+                base = rows_of_step(first_shared, s)
+                gram = rows_of_step(first_gram, s)
+            else:
+                inputs.append(h)
+                base = times_kernel(h, layer)
+                gram = jnp.einsum("bri,bsi->brs", h, hist_in[layer])
+            correction = jnp.einsum("brs,bso->bro", gram, hist_grad[layer])
+            z = base + correction + (biases[layer] + bias_delta[layer])[:, None, :]
+            if layer > 0:
+                hist_shared = _write(hist_shared, layer, base, s * batch)
+            pre_acts.append(z)
+            h = jax.nn.relu(z) if layer < num_layers - 1 else z
+        step_mask = jax.lax.dynamic_index_in_dim(maskf, s, axis=1, keepdims=False)
+        step_labels = jax.lax.dynamic_index_in_dim(labels, s, axis=1, keepdims=False)
+        log_probs = jax.nn.log_softmax(h)
+        onehot = jax.nn.one_hot(step_labels, h.shape[-1], dtype=h.dtype)
+        n = jnp.maximum(jnp.sum(step_mask, axis=1), 1.0)
+        loss = -jnp.sum(jnp.sum(onehot * log_probs, -1) * step_mask, axis=1) / n
+        active = s < block["steps"]
+        delta = (jnp.exp(log_probs) - onehot) * (step_mask / n[:, None])[..., None]
+
+        grads = [None] * num_layers
+        for layer in reversed(range(num_layers)):
+            grads[layer] = delta
+            if layer > 0:
+                back = times_kernel_t(delta, layer) + jnp.einsum(
+                    "brs,bsi->bri",
+                    jnp.einsum("bro,bso->brs", delta, hist_grad[layer]),
+                    hist_in[layer],
+                )
+                delta = back * (pre_acts[layer - 1] > 0)
+
+        # Inactive steps (past a client's last) write zero gradients: no effect on anything.
+        scale = jnp.where(active, -lr, 0.0)[:, None, None]
+        decay = jnp.where(active, 1.0 - lr * mu * block["prox_scale"], 1.0)
+        new_bias = []
+        for layer in range(num_layers):
+            if mu > 0:
+                hist_grad = hist_grad[:layer] + (hist_grad[layer] * decay[:, None, None],) \
+                    + hist_grad[layer + 1:]
+            hist_grad = _write(hist_grad, layer, scale * grads[layer], s * batch)
+            if layer > 0:
+                hist_in = _write(hist_in, layer, inputs[layer], s * batch)
+            b = bias_delta[layer] * decay[:, None] if mu > 0 else bias_delta[layer]
+            new_bias.append(b + scale[:, :, 0] * jnp.sum(grads[layer], axis=1))
+        return (hist_in, hist_grad, hist_shared, tuple(new_bias),
+                loss_sum + jnp.where(active, loss, 0.0), taken + active)
+
+    shapes = [k.shape[-2:] for k in kernels]
+    zeros = lambda *shape: jnp.zeros((size,) + shape, jnp.float32)  # noqa: E731
+    init = (
+        (x,) + tuple(zeros(rows_cap, i) for i, _ in shapes[1:]),
+        tuple(zeros(rows_cap, o) for _, o in shapes),
+        (first_shared,) + tuple(zeros(rows_cap, o) for _, o in shapes[1:]),
+        tuple(zeros(o) for _, o in shapes),
+        jnp.zeros((size,), jnp.float32),
+        jnp.zeros((size,), jnp.int32),
+    )
+    hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken = jax.lax.fori_loop(
+        0, loop_length, step, init
+    )
+    return LowRankClient(hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken,
+                         first_gram)
+
+
+def visit_rows(data, orders: jax.Array, client, capacity: int, batch: int):
+    """[capacity * batch] rows client `client` visits in its first `capacity` steps, in order,
+    and the mask of real ones: step s reads batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``
+    of its epoch orders, the last batch of an epoch partial (as `engine.local_train`)."""
+    offset, count = data.train_offsets[client], data.train_counts[client]
+    steps_per_epoch = jnp.maximum((count + batch - 1) // batch, 1)
+    s = jnp.repeat(jnp.arange(capacity, dtype=jnp.int32), batch)
+    pos = (s % steps_per_epoch) * batch + jnp.tile(jnp.arange(batch, dtype=jnp.int32), capacity)
+    epoch = jnp.minimum(s // steps_per_epoch, orders.shape[0] - 1)
+    rows = orders[epoch, offset + jnp.minimum(pos, jnp.maximum(count - 1, 0))]
+    return rows, pos < count
+
+
+def _write(buffers: tuple, layer: int, rows: jax.Array, at) -> tuple:
+    """`buffers` with ``buffers[layer][:, at : at + len(rows)]`` replaced by `rows`."""
+    updated = jax.lax.dynamic_update_slice_in_dim(buffers[layer], rows, at, axis=1)
+    return buffers[:layer] + (updated,) + buffers[layer + 1:]
+
+
+def _start_leaves(start: PyTree, layers: Sequence[str], kind: str, shared: bool, index):
+    return [start[n][kind] if shared else start[n][kind][index] for n in layers]
+
+
+def kernel_deltas(result: LowRankClient) -> list[jax.Array]:
+    """Per layer [b, in, out]: each client's kernel change ``H^T Dl``."""
+    return [jnp.einsum("bri,bro->bio", h, g) for h, g in zip(result.inputs, result.scaled_grads)]
+
+
+def materialize(start: PyTree, layers: Sequence[str], shared: bool, index,
+                result: LowRankClient) -> PyTree:
+    """The block's trained models as a stacked parameter tree [b, ...] shaped like `start`."""
+    kernels = _start_leaves(start, layers, "kernel", shared, index)
+    biases = _start_leaves(start, layers, "bias", shared, index)
+    trained = {}
+    for name, k, b, dk, db in zip(layers, kernels, biases, kernel_deltas(result),
+                                  result.bias_delta):
+        trained[name] = {"kernel": k + dk, "bias": b + db}
+    return trained
+
+
+def update_and_model_norms(start: PyTree, layers: Sequence[str], shared: bool, index,
+                           result: LowRankClient) -> tuple[jax.Array, jax.Array]:
+    """[b] ``||W_i - W0_i||`` and ``||W_i||^2`` from the factors, without forming W_i:
+    ``||H^T Dl||^2 = sum((H H^T) * (Dl Dl^T))`` and ``<W0, H^T Dl> = sum((H W0) * Dl)``."""
+    change = jnp.zeros(result.taken.shape, jnp.float32)
+    model = jnp.zeros(result.taken.shape, jnp.float32)
+    kernels = _start_leaves(start, layers, "kernel", shared, index)
+    biases = _start_leaves(start, layers, "bias", shared, index)
+    for layer, (k, b, h, g, p, db) in enumerate(zip(
+            kernels, biases, result.inputs, result.scaled_grads, result.shared_out,
+            result.bias_delta)):
+        gram = result.first_gram if layer == 0 else jnp.einsum("bri,bsi->brs", h, h)
+        delta_sq = jnp.sum(gram * jnp.einsum("bro,bso->brs", g, g), axis=(1, 2))
+        cross = jnp.sum(p * g, axis=(1, 2))
+        start_sq = jnp.sum(jnp.square(k.reshape(k.shape[0], -1) if not shared else k),
+                           axis=-1 if not shared else None)
+        change = change + delta_sq + jnp.sum(jnp.square(db), axis=-1)
+        model = model + start_sq + 2.0 * cross + delta_sq + jnp.sum(jnp.square(b + db), axis=-1)
+    return jnp.sqrt(jnp.maximum(change, 0.0)), model
+
+
+def weighted_sum(start: PyTree, layers: Sequence[str], result: LowRankClient,
+                 weights: jax.Array) -> PyTree:
+    """``sum_i w_i W_i`` over a block of clients that all started from the one model `start`:
+    ``(sum w) W0 + H_all^T (w * Dl_all)``, one matmul over every history row of the block."""
+    total = jnp.sum(weights)
+    summed = {}
+    for name, h, g, db in zip(layers, result.inputs, result.scaled_grads, result.bias_delta):
+        weighted = g * weights[:, None, None]
+        dk = h.reshape(-1, h.shape[-1]).T @ weighted.reshape(-1, g.shape[-1])
+        summed[name] = {
+            "kernel": total * start[name]["kernel"] + dk,
+            "bias": total * start[name]["bias"] + weights @ db,
+        }
+    return summed
