@@ -1,4 +1,4 @@
-"""The `mcfl` command line: `mcfl run`, `mcfl demo`.
+"""The `mcfl` command line: `mcfl run`, `mcfl data`, `mcfl compare`, `mcfl demo`, `mcfl bench`.
 
 Every RunConfig field is a flag (``local_epochs`` -> ``--local-epochs``); ``--config FILE``
 loads a JSON / TOML file whose values the flags given on the command line override.
@@ -205,6 +205,66 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from mcfl import bench
+    from mcfl.config import ALGORITHMS
+
+    algorithms = bench.parse_names(args.algorithms, ALGORITHMS, "algorithm")
+    models = bench.parse_names(args.models, tuple(bench.FEATURES), "model")
+    clients = bench.parse_counts(args.clients) if args.clients else bench.DEFAULT_CLIENTS
+    for name in ("rounds", "clusters", "rows_per_client", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    points, skipped = bench.plan_points(
+        algorithms, models, clients, clustering=args.clustering,
+        max_mlp_clients=None if args.clients else bench.MLP_DEFAULT_MAX_CLIENTS,
+        rounds=args.rounds, clusters=args.clusters, rows_per_client=args.rows_per_client,
+        batch_size=args.batch_size, seed=args.seed,
+    )
+    out = Path(args.out)
+    for line in skipped:
+        print(f"skipped: {line}")
+    print(f"{len(points)} points, each in its own process; results in {out}/bench.json")
+    print(bench.TABLE_HEADER, flush=True)
+    bench.run_sweep(points, out, args.timeout, skipped,
+                    report=lambda record: print(bench.format_row(record), flush=True))
+    print(f"plot: {out}/bench.png")
+    return 0
+
+
+def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
+    from mcfl import bench
+
+    parser.add_argument("--algorithms", default=",".join(bench.DEFAULT_ALGORITHMS),
+                        help="comma-separated algorithms (default %(default)s)")
+    parser.add_argument("--models", default=",".join(bench.DEFAULT_MODELS),
+                        help="comma-separated models: mclr (60 -> 10), mlp (784-200-200-10) "
+                        "(default %(default)s)")
+    parser.add_argument("--clients", default=None,
+                        help="comma-separated client counts (default 100,1000,10000,100000; "
+                        "the MLP stops at 10,000 unless --clients is given)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per point; round 1 compiles, the median of the rest is "
+                        "s/round (default %(default)s)")
+    parser.add_argument("--clusters", type=int, default=4,
+                        help="K of the clustered algorithms and of the clustering step "
+                        "(default %(default)s)")
+    parser.add_argument("--rows-per-client", type=int, default=50,
+                        help="training rows of every client (default %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=10, help="B (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data and runs")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds before a point is stopped and recorded as failed "
+                        "(default %(default)g)")
+    parser.add_argument("--clustering", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the clustering step alone (k-means, as FeSEM's "
+                        "initialisation runs it) at every client count")
+    parser.add_argument("--out", default="runs/bench", metavar="DIR",
+                        help="where bench.json and bench.png go (default %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mcfl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -241,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--rounds", type=int, default=None, help="override the demo's rounds")
     p_demo.add_argument("--clients", type=int, default=None, help="override the demo's clients")
     p_demo.set_defaults(func=cmd_demo)
+
+    p_bench = sub.add_parser(
+        "bench", help="round time, samples/s and peak memory against the number of clients"
+    )
+    _add_bench_flags(p_bench)
+    p_bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,566 @@
+"""`mcfl bench`: round time, samples/s and peak memory against the number of clients.
+
+Every point of the sweep (an algorithm, a model and a number of clients; or the clustering step
+alone) runs in its own Python process, ``python -m mcfl.bench --point JSON``, so its peak
+resident memory is its own and a point that runs out of memory or hangs costs only that point.
+The data is a generated Gaussian mixture in which every client holds exactly the same number of
+rows, so the work per client is constant and round time should grow linearly with the clients.
+
+The parent never initialises a JAX backend (on a GPU it would take the device's memory from the
+children): it plans the points, starts the children, and writes ``bench.json`` after every
+point and ``bench.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from mcfl.config import FIELDS, RunConfig
+from mcfl.errors import ConfigError, choice_error
+
+CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone
+FEATURES = {"mclr": 60, "mlp": 784}  # Synthetic's 60 features; MNIST-sized inputs for the MLP
+HIDDEN = (200, 200)
+NUM_CLASSES = 10
+DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
+DEFAULT_MODELS = ("mclr", "mlp")
+DEFAULT_CLIENTS = (100, 1_000, 10_000, 100_000)
+MLP_DEFAULT_MAX_CLIENTS = 10_000  # the issue's 100,000-client points are for MCLR only
+CHUNK_ELEMENTS = 1 << 22  # rows are generated in blocks of about this many floats
+NOISE_BANK = 4096  # distinct noise vectors of the generated rows ...
+NOISE_BANK_ELEMENTS = 1 << 24  # ... and at most this many floats of them (64 MB)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One measurement: `rounds` rounds of `algorithm`, or `rounds` calls of the clustering step
+    (`algorithm` = ``"kmeans"``), on `clients` clients and `model`'s parameter count."""
+
+    algorithm: str
+    model: str
+    clients: int
+    rounds: int = 3
+    clusters: int = 4
+    rows_per_client: int = 50
+    batch_size: int = 10
+    seed: int = 0
+
+    @property
+    def kind(self) -> str:
+        return "clustering" if self.algorithm == CLUSTERING else "train"
+
+    @property
+    def local_steps(self) -> int:
+        """One epoch: the steps that visit each of a client's rows once."""
+        return -(-self.rows_per_client // self.batch_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data
+
+
+def fill_mixture(
+    rng: np.random.Generator,
+    out: np.ndarray,
+    centers: np.ndarray,
+    component: np.ndarray,
+    scale: float = 1.0,
+) -> np.ndarray:
+    """Fill `out` [n, d] float32 in place with ``centers[component[j]] + scale * noise_j``.
+
+    The noise of a row is one of a bank of (at most NOISE_BANK) Gaussian N(0, I) vectors, picked
+    at random: drawing n x d fresh normals would take most of the time at 100,000 clients, and
+    the work a round does does not depend on the values. Rows are built
+    block by block straight into `out`, so no second n x d array is made.
+    """
+    n, d = out.shape
+    rows = max(1, min(n, NOISE_BANK, NOISE_BANK_ELEMENTS // max(1, d)))
+    bank = rng.standard_normal((rows, d), dtype=np.float32)
+    bank *= np.float32(scale)
+    step = max(1, CHUNK_ELEMENTS // max(1, d))
+    noise = np.empty((min(n, step), d), np.float32)
+    for start in range(0, n, step):
+        block = out[start:start + step]
+        np.take(centers, component[start:start + step], axis=0, out=block, mode="clip")
+        np.take(bank, rng.integers(0, len(bank), len(block)), axis=0, out=noise[:len(block)],
+                mode="clip")
+        block += noise[:len(block)]
+    return out
+
+
+def _mixture_rows(rng: np.random.Generator, means: np.ndarray, group: np.ndarray, rows: int):
+    """`rows` labelled rows per client: client i's rows come from the class means of its
+    group ``group[i]``. Returns (x, y, owner), sorted by client."""
+    num_groups, num_classes, num_features = means.shape
+    owner = np.repeat(np.arange(group.size), rows)
+    y = rng.integers(0, num_classes, owner.size)
+    x = np.empty((owner.size, num_features), np.float32)
+    fill_mixture(rng, x, means.reshape(-1, num_features), group[owner] * num_classes + y)
+    return x, y, owner
+
+
+def benchmark_dataset(
+    num_clients: int,
+    num_features: int,
+    rows_per_client: int = 50,
+    test_rows_per_client: int = 10,
+    num_classes: int = NUM_CLASSES,
+    num_groups: int = 4,
+    seed: int = 0,
+):
+    """A federated dataset in which every client holds exactly `rows_per_client` training rows
+    and `test_rows_per_client` test rows, for constant work per client at any scale.
+
+    Client i belongs to planted group ``i % num_groups`` (its `true_cluster`); each group has its
+    own 10 class means drawn from N(0, I), and a row is its class mean plus N(0, I) noise. Built
+    vectorised (100,000 clients x 50 rows x 60 features in seconds) and deterministic per seed.
+    """
+    from mcfl.data.federated import from_splits
+
+    means_rng, train_rng, test_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    means = means_rng.standard_normal((num_groups, num_classes, num_features), dtype=np.float32)
+    group = np.arange(num_clients) % num_groups
+    train = _mixture_rows(train_rng, means, group, rows_per_client)
+    test = _mixture_rows(test_rng, means, group, test_rows_per_client)
+    return from_splits("bench", train, test, num_clients, num_classes, true_cluster=group)
+
+
+# ----------------------------------------------------------------------------------------------
+# One point, measured in the child process
+
+
+def training_config(point: Point) -> RunConfig:
+    """The run of a training point: every client every round, one epoch of local steps,
+    evaluation after the last round only."""
+    pretrain_scale = FIELDS["pretrain_scale"].default
+    return RunConfig(
+        algorithm=point.algorithm,
+        clients=point.clients,
+        rounds=point.rounds,
+        seed=point.seed,
+        model=point.model,
+        hidden=HIDDEN,
+        batch_size=point.batch_size,
+        local_steps=point.local_steps,
+        clients_per_round=1.0,
+        eval_every=point.rounds,
+        clusters=point.clusters,
+        # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.
+        pretrain_scale=max(1, min(pretrain_scale, point.clients // point.clusters)),
+    )
+
+
+def _maxrss_mb() -> float:
+    """Peak resident memory of this process in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory (Linux >= 4.0); False where that fails."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _device_peak_mb() -> Optional[float]:
+    """Peak memory the accelerator allocator reports (GPU / TPU), None on CPU."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**20
+
+
+def _timed_phases(build: Callable[[], Any], work: Callable[[Any], dict]) -> dict:
+    """Run `build` (the inputs) then `work(inputs)`, with the peak resident memory of each:
+    ``data_peak_rss_mb`` up to the inputs being built, ``run_peak_rss_mb`` from then on (None
+    where the peak cannot be reset) and ``peak_rss_mb`` for the whole process."""
+    start = time.perf_counter()
+    inputs = build()
+    data_seconds = time.perf_counter() - start
+    data_peak = _maxrss_mb()
+    reset = _reset_peak_rss()
+    record = work(inputs)
+    run_peak = _maxrss_mb()
+    record.update(
+        data_seconds=data_seconds,
+        data_peak_rss_mb=data_peak,
+        run_peak_rss_mb=run_peak if reset else None,
+        peak_rss_mb=max(data_peak, run_peak),
+        device_peak_mb=_device_peak_mb(),
+    )
+    return record
+
+
+def _steady(seconds: Sequence[float]) -> float:
+    """Steady-state seconds: the median of all but the first (compiling) call."""
+    return statistics.median(seconds[1:] or seconds)
+
+
+def _measure_training(point: Point) -> dict:
+    from mcfl.runner import run
+
+    config = training_config(point)
+
+    def build():
+        return benchmark_dataset(point.clients, FEATURES[point.model], point.rows_per_client,
+                                 seed=point.seed)
+
+    def work(dataset) -> dict:
+        result = run(config, dataset=dataset)
+        seconds = [row["seconds"] for row in result.rounds]
+        summary = result.summary
+        samples = summary["clients_per_round"] * point.local_steps * point.batch_size
+        steady = _steady(seconds)
+        return {
+            "first_round_seconds": seconds[0],
+            "seconds_per_round": steady,
+            "round_seconds": seconds,
+            "samples_per_round": samples,
+            "samples_per_second": samples / steady,
+            # init (FeSEM's k-means, FlexCFL's cold start), the final evaluation, bookkeeping
+            "other_seconds": summary["wall_seconds"] - sum(seconds),
+            "num_params": summary["num_params"],
+            "block_size": summary["block_size"],
+            "clients_per_round": summary["clients_per_round"],
+            "local_steps": point.local_steps,
+            "data_mb": _dataset_mb(dataset),
+            "final_accuracy_micro": summary["final_accuracy_micro"],
+            "cluster_ari": summary.get("cluster_ari"),
+            "backend": summary["backend"],
+            "device": summary["device"],
+            "config": summary["config"],  # the full run config, to reproduce the point
+        }
+
+    return _timed_phases(build, work)
+
+
+def _dataset_mb(dataset) -> float:
+    import jax
+
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(dataset.arrays)) / 2**20
+
+
+def model_num_params(model: str) -> int:
+    """Parameters of the benchmark's `model` (MCLR 60 -> 10, or MLP 784-200-200-10)."""
+    import jax
+
+    from mcfl.models import count_params, make_model
+
+    spec = make_model(model, (FEATURES[model],), NUM_CLASSES, HIDDEN)
+    return count_params(jax.eval_shape(spec.init, jax.random.key(0)))
+
+
+def _measure_clustering(point: Point) -> dict:
+    """Time FeSEM's clustering step alone: k-means (K = `clusters`, FeSEM's default restarts)
+    on one vector of the model's parameter count per client, in K planted groups."""
+    import jax
+
+    from mcfl.clustering import kmeans
+
+    restarts = FIELDS["fesem_restarts"].default
+    num_params = model_num_params(point.model)
+
+    def build():
+        rng = np.random.default_rng(point.seed)
+        centers = rng.standard_normal((point.clusters, num_params), dtype=np.float32)
+        group = np.arange(point.clients) % point.clusters
+        vectors = np.empty((point.clients, num_params), np.float32)
+        fill_mixture(rng, vectors, centers, group, scale=0.5)
+        return jax.block_until_ready(jax.device_put(vectors))  # one copy (jnp.asarray makes 2)
+
+    def work(vectors) -> dict:
+        step = jax.jit(kmeans, static_argnames=("k", "restarts"))
+        seconds = []
+        for r in range(point.rounds):
+            start = time.perf_counter()
+            result = jax.block_until_ready(
+                step(jax.random.key(r), vectors, k=point.clusters, restarts=restarts)
+            )
+            seconds.append(time.perf_counter() - start)
+        return {
+            "first_round_seconds": seconds[0],
+            "seconds_per_round": _steady(seconds),
+            "round_seconds": seconds,
+            "num_params": num_params,
+            "restarts": restarts,
+            "lloyd_iterations": int(result.n_iter),
+            "data_mb": vectors.nbytes / 2**20,
+            "backend": jax.default_backend(),
+            "device": str(jax.devices()[0].device_kind),
+        }
+
+    return _timed_phases(build, work)
+
+
+def measure_point(point: Point) -> dict:
+    """Measure `point` in this process; returns its record (settings plus measurements)."""
+    measure = _measure_clustering if point.kind == "clustering" else _measure_training
+    return {**_settings(point), "status": "ok", **measure(point)}
+
+
+def _settings(point: Point) -> dict:
+    return {"kind": point.kind, **dataclasses.asdict(point)}
+
+
+# ----------------------------------------------------------------------------------------------
+# The sweep, in the parent process
+
+
+def _failure_message(returncode: int, stderr: str) -> str:
+    """One line saying why a child failed: the signal that killed it, or its last error line."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exited with code {returncode}"
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a child: this one, with mcfl importable even when not installed."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_point(point: Point, timeout: Optional[float] = None) -> dict:
+    """Measure `point` in a fresh Python process; a failure (error, out of memory, killed,
+    over `timeout` seconds) comes back as a record with status "failed" and the error."""
+    command = [sys.executable, "-m", "mcfl.bench", "--point", json.dumps(dataclasses.asdict(point))]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=_child_env())
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {timeout:g} s"
+    else:
+        error = None if proc.returncode == 0 else _failure_message(proc.returncode, proc.stderr)
+    wall = time.perf_counter() - start
+    if error is not None:
+        return {**_settings(point), "status": "failed", "error": error, "wall_seconds": wall}
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    record["wall_seconds"] = wall
+    return record
+
+
+def plan_points(
+    algorithms: Sequence[str],
+    models: Sequence[str],
+    clients: Sequence[int],
+    clustering: bool = True,
+    max_mlp_clients: Optional[int] = None,
+    **settings,
+) -> tuple[list[Point], list[str]]:
+    """The points of a sweep, smallest client counts first, and a line for each point left out
+    (MLP above `max_mlp_clients`). `settings` are further `Point` fields (rounds, clusters...).
+    Raises ConfigError for a point whose run config is invalid (e.g. K above the clients)."""
+    names = list(algorithms) + ([CLUSTERING] if clustering else [])
+    points, skipped = [], []
+    for n in sorted(set(clients)):
+        for model in models:
+            if model == "mlp" and max_mlp_clients is not None and n > max_mlp_clients:
+                skipped.append(f"mlp at {n:,} clients (the default sweep runs it up to "
+                               f"{max_mlp_clients:,}; pass --clients to include it)")
+                continue
+            for name in names:
+                point = Point(name, model, n, **settings)
+                _check_point(point)
+                points.append(point)
+    return points, skipped
+
+
+def _check_point(point: Point) -> None:
+    if point.kind == "train":
+        training_config(point)  # raises ConfigError naming the bad value
+    elif point.clusters > point.clients:
+        raise ConfigError(f"clusters (K = {point.clusters}) cannot exceed the number of clients "
+                          f"({point.clients}) of the clustering step")
+
+
+def machine_info() -> dict:
+    """Versions and hardware of this machine (the backend and device come from the points)."""
+    import jax
+
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "jax_version": jax.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "backend": None,
+        "device": None,
+    }
+
+
+def write_json(path: Path, document: dict) -> None:
+    """Write `document` to `path` through a temporary file, so a reader never sees half."""
+    from mcfl.output import _json_safe
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(_json_safe(document), indent=2) + "\n")
+    partial.replace(path)
+
+
+def run_sweep(
+    points: Iterable[Point],
+    out_dir: Path,
+    timeout: Optional[float] = None,
+    skipped: Sequence[str] = (),
+    report: Optional[Callable[[dict], None]] = None,
+) -> dict:
+    """Measure every point in its own process, rewriting out_dir/bench.json after each one, and
+    plot out_dir/bench.png at the end (also after Ctrl-C). `report(record)` is called after each
+    point. Returns the JSON document."""
+    out_dir = Path(out_dir)
+    document = {"machine": machine_info(), "skipped": list(skipped), "points": []}
+    write_json(out_dir / "bench.json", document)
+    try:
+        for point in points:
+            record = run_point(point, timeout)
+            document["points"].append(record)
+            if document["machine"]["backend"] is None and record["status"] == "ok":
+                document["machine"].update(backend=record["backend"], device=record["device"])
+            write_json(out_dir / "bench.json", document)
+            if report is not None:
+                report(record)
+    finally:
+        plot_bench(out_dir / "bench.png", document["points"])
+    return document
+
+
+# ----------------------------------------------------------------------------------------------
+# Output
+
+
+def plot_bench(path: Path, points: Sequence[dict]) -> None:
+    """Log-log PNG: seconds per round (left) and peak resident memory (right) against the
+    number of clients, one line per algorithm and model; failed points are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (algorithm, model), line in _lines(points).items():
+        x = [p["clients"] for p in line]
+        style = {"marker": "o", "linestyle": "--" if algorithm == CLUSTERING else "-"}
+        label = f"{algorithm} ({model})"
+        ax_time.plot(x, [p["seconds_per_round"] for p in line], label=label, **style)
+        ax_mem.plot(x, [p["peak_rss_mb"] for p in line], label=label, **style)
+    ax_time.set(xlabel="clients", ylabel="seconds per round (steady state)",
+                title="round time (kmeans: one clustering step)")
+    ax_mem.set(xlabel="clients", ylabel="peak resident memory (MB)", title="peak memory")
+    for ax in (ax_time, ax_mem):
+        ax.set(xscale="log", yscale="log")
+        ax.grid(alpha=0.3, which="both")
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _lines(points: Sequence[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Successful points grouped by (algorithm, model), each group sorted by clients."""
+    lines: dict[tuple[str, str], list[dict]] = {}
+    for p in points:
+        if p["status"] == "ok":
+            lines.setdefault((p["algorithm"], p["model"]), []).append(p)
+    return {key: sorted(line, key=lambda p: p["clients"]) for key, line in lines.items()}
+
+
+TABLE_HEADER = (f"{'algorithm':<9} {'model':<5} {'clients':>8} {'round 1 s':>10} {'s/round':>9} "
+                f"{'samples/s':>10} {'peak MB':>8} {'run MB':>7}  status")
+
+
+def format_row(record: dict) -> str:
+    """One line of the table printed as the sweep goes."""
+    def number(key, spec):
+        value = record.get(key)
+        return "-" if value is None else format(value, spec)
+
+    status = "ok" if record["status"] == "ok" else f"FAILED: {record['error']}"
+    return (f"{record['algorithm']:<9} {record['model']:<5} {record['clients']:>8,} "
+            f"{number('first_round_seconds', '.3f'):>10} {number('seconds_per_round', '.3f'):>9} "
+            f"{number('samples_per_second', ',.0f'):>10} {number('peak_rss_mb', ',.0f'):>8} "
+            f"{number('run_peak_rss_mb', ',.0f'):>7}  {status}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Command-line values
+
+
+def parse_names(text: str, allowed: Sequence[str], what: str) -> tuple[str, ...]:
+    """'fedavg,ifca' -> ('fedavg', 'ifca'), each checked against `allowed`."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise ConfigError(f"expected a comma-separated list of {what}s, got {text!r}")
+    for name in names:
+        if name not in allowed:
+            raise choice_error(what, name, allowed)
+    return names
+
+
+def parse_counts(text: str) -> tuple[int, ...]:
+    """'100,1000' -> (100, 1000); every count a positive integer ('10_000' and '1e4' allowed)."""
+    counts = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            value = float(part.replace("_", ""))
+        except ValueError:
+            value = math.nan
+        if not (value >= 1 and value == int(value)):
+            raise ConfigError(f"client counts must be positive integers, got {part!r} in {text!r}")
+        counts.append(int(value))
+    return tuple(counts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Child entry point
+
+
+def _child_main(argv: Optional[list[str]] = None) -> int:
+    """``python -m mcfl.bench --point JSON``: measure one point, print its record as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mcfl.bench")
+    parser.add_argument("--point", required=True, help="a Point as JSON")
+    args = parser.parse_args(argv)
+    record = measure_point(Point(**json.loads(args.point)))
+    from mcfl.output import _json_safe
+
+    print(json.dumps(_json_safe(record)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
