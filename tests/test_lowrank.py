@@ -1,0 +1,122 @@
+"""The factored (low-rank) local SGD path equals per-client training, to float rounding."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import ragged_dataset
+from reference import reference_local_train
+
+from mcfl import engine, lowrank
+from mcfl.config import RunConfig
+from mcfl.engine import LocalTraining, RoundClients
+from mcfl.errors import ConfigError
+from mcfl.models import make_model
+from mcfl.runner import run
+
+SIZES = [3, 31, 17, 40, 9, 24, 12]  # partial last batches, one client shorter than a batch
+LR = 0.1
+
+
+@pytest.fixture(scope="module")
+def setup():
+    data = ragged_dataset(SIZES, num_features=20, num_classes=5, seed=3).arrays
+    model = make_model("mlp", (20,), 5, hidden=(16, 12))
+    return data, model
+
+
+def training(model, mode, mu=0.0, epochs=2, steps=None, batch=4):
+    return LocalTraining(model.apply, optax.sgd(LR), batch, local_epochs=epochs,
+                         local_steps=steps, mu=mu, sgd_lr=LR, dense_layers=model.dense_layers,
+                         low_rank=mode)
+
+
+def max_diff(a, b) -> float:
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.mark.parametrize("num_models,mu,steps", [(1, 0.0, None), (1, 0.5, None), (3, 0.3, 5)])
+def test_low_rank_equals_dense_path(setup, num_models, mu, steps):
+    """Collected models, per-client stats and segment sums agree with the per-client path for
+    one shared start model (summed in the block), several start models, FedProx's pull with a
+    per-client weight (FeSEM), epochs and fixed step counts."""
+    data, model = setup
+    c = len(SIZES)
+    models = jax.vmap(model.init)(jax.random.split(jax.random.key(0), num_models))
+    start = jnp.arange(c, dtype=jnp.int32) % num_models
+    selection = RoundClients(jnp.arange(c, dtype=jnp.int32), start)
+    prox_scale = jnp.linspace(0.5, 2.0, c)
+    weights = jnp.asarray(SIZES, jnp.float32)
+    out = {}
+    for mode in ("off", "on"):
+        t = training(model, mode, mu=mu, steps=steps)
+        key = jax.random.key(1)
+        collected = engine.train_and_collect(t, data, key, models, selection, 3, prox_scale)
+        summed = engine.train_and_aggregate(t, data, key, models, selection, weights, start,
+                                            num_models, 3, prox_scale)
+        out[mode] = (collected, summed)
+    assert max_diff(out["off"][0][0], out["on"][0][0]) < 2e-5  # models
+    dense_stats, factored_stats = out["off"][0][1], out["on"][0][1]
+    np.testing.assert_array_equal(dense_stats.steps, factored_stats.steps)
+    np.testing.assert_allclose(dense_stats.loss, factored_stats.loss, rtol=1e-5)
+    np.testing.assert_allclose(dense_stats.update_norm, factored_stats.update_norm, rtol=1e-4)
+    np.testing.assert_allclose(dense_stats.sq_norm, factored_stats.sq_norm, rtol=1e-5)
+    assert max_diff(out["off"][1][0], out["on"][1][0]) < 1e-4  # weighted segment sums
+
+
+def test_low_rank_equals_plain_per_client_loop(setup):
+    """The factored path against the plain Python loop of jitted SGD steps (tests/reference)."""
+    data, model = setup
+    params = model.init(jax.random.key(2))
+    t = training(model, "on", epochs=3)
+    key = jax.random.key(5)
+    c = len(SIZES)
+    selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.zeros(c, jnp.int32))
+    trained, stats = engine.train_and_collect(t, data, key, jax.tree.map(lambda x: x[None],
+                                              params), selection, 4)
+    orders = engine.epoch_orders(key, data, engine.num_epochs_needed(data.min_train_count, t))
+    for client in (0, 1, 4):
+        expected, steps = reference_local_train(t, data, orders, params, client)
+        assert int(stats.steps[client]) == steps
+        assert max_diff(jax.tree.map(lambda x: x[client], trained), expected) < 2e-5
+
+
+def test_auto_takes_the_factored_path_only_where_it_is_cheaper():
+    mlp = [(784, 200), (200, 200), (200, 10)]
+    assert lowrank.worth_low_rank(50, mlp)  # the issue's 5 steps of B = 10
+    assert not lowrank.worth_low_rank(500, mlp)  # long local training: per-client kernels
+    assert not lowrank.worth_low_rank(10, [(60, 10)])  # MCLR never
+    model = make_model("mlp", (784,), 10)
+    data = ragged_dataset([50, 50], num_features=784, num_classes=10).arrays
+    stacked = jax.eval_shape(jax.vmap(model.init), jax.random.split(jax.random.key(0), 1))
+    assert engine.low_rank_capacity(training(model, "auto", epochs=1, batch=10), data,
+                                    stacked) == 5
+    assert engine.low_rank_capacity(training(model, "off", epochs=1, batch=10), data,
+                                    stacked) is None
+    adam = training(model, "auto", epochs=1, batch=10)._replace(sgd_lr=None)
+    assert engine.low_rank_capacity(adam, data, stacked) is None
+
+
+def test_low_rank_on_needs_plain_sgd_on_a_dense_model():
+    with pytest.raises(ConfigError, match="low_rank=on needs a dense model"):
+        RunConfig(model="cnn-fmnist", low_rank="on")
+    with pytest.raises(ConfigError, match="client_optimizer=momentum"):
+        RunConfig(model="mlp", client_optimizer="momentum", low_rank="on")
+    with pytest.raises(ConfigError, match="unknown low_rank .yes.; allowed: auto, on, off"):
+        RunConfig(low_rank="yes")
+
+
+def test_a_fedprox_run_is_the_same_on_both_paths():
+    config = RunConfig(algorithm="fedprox", mu=0.1, dataset="synthetic", clients=12, rounds=2,
+                       model="mlp", hidden=(16,), local_steps=3, clients_per_round=6)
+    dense = run(config.replace(low_rank="off"))
+    factored = run(config.replace(low_rank="on"))
+    assert factored.summary["low_rank"] and not dense.summary["low_rank"]
+    assert max_diff(dense.state.params, factored.state.params) < 1e-5
+    for a, b in zip(dense.rounds, factored.rounds):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["accuracy_micro"] == pytest.approx(b["accuracy_micro"], abs=1e-6)
