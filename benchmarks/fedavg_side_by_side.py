@@ -1,0 +1,91 @@
+"""One FedAvg round of the issue's workload, mcfl next to its peers and the ceiling, in one run.
+
+    .venv/bin/python benchmarks/fedavg_side_by_side.py --clients 1000 --rounds 4 --out runs/peers
+
+Runs, one after another, each in its own process (so none shares threads, caches or memory
+with another): the centralized ceiling and mcfl's FedAvg (low-rank auto, and forced off) from
+this Python; fedjax 0.0.17 and the PyTorch per-client loop from the peers venv
+(`--peers-python`, see benchmarks/peers/README.md; skipped with a note when it is missing).
+Every contender first passes `--check` against the NumPy oracle (20 clients), then is timed.
+Prints a Markdown table (steady s/round, ratios to mcfl and to the ceiling) and writes
+OUT/side_by_side.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PEERS = Path(__file__).resolve().parent / "peers"
+ROOT = PEERS.parent.parent
+
+
+def contenders(peers_python: str | None) -> list[tuple[str, list[str], bool]]:
+    """(key, command, checkable) of each contender."""
+    here = [sys.executable, str(PEERS / "mcfl_round.py")]
+    out = [
+        ("centralized", here + ["--centralized"], False),
+        ("mcfl", here + ["--low-rank", "auto"], True),
+        ("mcfl-per-client", here + ["--low-rank", "off"], True),
+    ]
+    if peers_python:
+        out.append(("fedjax", [peers_python, str(PEERS / "fedjax_round.py")], True))
+        out.append(("torch", [peers_python, str(PEERS / "torch_round.py")], True))
+    return out
+
+
+def run_json(command: list[str], path: Path, timeout: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command + ["--json", str(path)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(path.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=Path("runs/side_by_side"))
+    default_peers = "/work/peers-venv/bin/python"
+    parser.add_argument("--peers-python", default=default_peers if Path(default_peers).exists()
+                        else None)
+    parser.add_argument("--timeout", type=int, default=1800)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for key, command, checkable in contenders(args.peers_python):
+        if checkable:
+            check = run_json(command + ["--check"], args.out / f"{key}-check.json", args.timeout)
+            print(f"{key}: check max |diff| {check['check']['max_abs_diff']:.2e}", flush=True)
+        start = time.perf_counter()
+        result = run_json(command + ["--clients", str(args.clients), "--rounds",
+                                     str(args.rounds)], args.out / f"{key}.json", args.timeout)
+        result["wall_seconds"] = time.perf_counter() - start
+        results[key] = result
+        print(f"{key}: {result['seconds_per_round']:.3f} s/round", flush=True)
+    machine = {"processor": platform.processor() or platform.machine(),
+               "cpus": os.cpu_count(), "python": platform.python_version()}
+    summary = {"clients": args.clients, "rounds": args.rounds, "machine": machine,
+               "results": results}
+    (args.out / "side_by_side.json").write_text(json.dumps(summary, indent=2) + "\n")
+    ceiling = results["centralized"]["seconds_per_round"]
+    mcfl = results["mcfl"]["seconds_per_round"]
+    print(f"\n{args.clients} clients, MLP 784-200-200-10, 5 local steps of B = 10\n")
+    print("| contender | s/round (mean / min) | first round | x ceiling | x mcfl |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results.values():
+        s = r["seconds_per_round"]
+        print(f"| {r['name']} | {s:.3f} / {r['seconds_per_round_min']:.3f} | "
+              f"{r['first_round_seconds']:.2f} s | {s / ceiling:.2f} | {s / mcfl:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
