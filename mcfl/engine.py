@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from mcfl import lowrank
+from mcfl.batch_rule import step_rows
 from mcfl.data.federated import FederatedData
 
 PyTree = Any
@@ -145,15 +146,12 @@ def local_train(
     """One client's local training (unbatched; the engine vmaps it over a block).
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
-    are real. Step s uses batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``. The proximal
+    are real. Step s reads `batch_rule.step_rows`. The proximal
     weight is ``training.mu * prox_scale`` (FeSEM weighs it per client, Eq. 8).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
     """
     batch = training.batch_size
-    steps_per_epoch = ceil_div(count, batch)
-    positions = jnp.arange(batch, dtype=jnp.int32)
-    last_epoch = orders.shape[0] - 1
 
     def objective(p, xb, yb, mask):
         loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
@@ -164,10 +162,7 @@ def local_train(
 
     def step(s, carry):
         p, opt_state, loss_sum, taken = carry
-        epoch = jnp.minimum(s // steps_per_epoch, last_epoch)
-        pos = (s % steps_per_epoch) * batch + positions
-        mask = pos < count
-        rows = orders[epoch, offset + jnp.minimum(pos, count - 1)]
+        rows, mask = step_rows(orders, offset, count, s, batch)
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
             p, data.x_train[rows], data.y_train[rows], mask
         )

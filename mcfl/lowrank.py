@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mcfl.batch_rule import step_rows
+
 PyTree = Any
 
 
@@ -67,10 +69,6 @@ def worth_low_rank(history_rows: int, shapes: Sequence[tuple[int, int]]) -> bool
     factored = history_rows * sum(i + o for i, o in shapes)
     dense = sum(i * o for i, o in shapes)
     return 5 * factored <= 3 * dense
-
-
-def _flat(x: jax.Array) -> jax.Array:
-    return x.reshape((x.shape[0], -1)).astype(jnp.float32)
 
 
 def train_block(
@@ -212,15 +210,11 @@ def train_block(
 
 def visit_rows(data, orders: jax.Array, client, capacity: int, batch: int):
     """[capacity * batch] rows client `client` visits in its first `capacity` steps, in order,
-    and the mask of real ones: step s reads batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``
-    of its epoch orders, the last batch of an epoch partial (as `engine.local_train`)."""
+    and the mask of real ones (`batch_rule.step_rows` of each step)."""
     offset, count = data.train_offsets[client], data.train_counts[client]
-    steps_per_epoch = jnp.maximum((count + batch - 1) // batch, 1)
-    s = jnp.repeat(jnp.arange(capacity, dtype=jnp.int32), batch)
-    pos = (s % steps_per_epoch) * batch + jnp.tile(jnp.arange(batch, dtype=jnp.int32), capacity)
-    epoch = jnp.minimum(s // steps_per_epoch, orders.shape[0] - 1)
-    rows = orders[epoch, offset + jnp.minimum(pos, jnp.maximum(count - 1, 0))]
-    return rows, pos < count
+    steps = jnp.arange(capacity, dtype=jnp.int32)
+    rows, mask = jax.vmap(lambda s: step_rows(orders, offset, count, s, batch))(steps)
+    return rows.reshape(-1), mask.reshape(-1)
 
 
 def _write(buffers: tuple, layer: int, rows: jax.Array, at) -> tuple:
@@ -264,8 +258,7 @@ def update_and_model_norms(start: PyTree, layers: Sequence[str], shared: bool, i
         gram = result.first_gram if layer == 0 else jnp.einsum("bri,bsi->brs", h, h)
         delta_sq = jnp.sum(gram * jnp.einsum("bro,bso->brs", g, g), axis=(1, 2))
         cross = jnp.sum(p * g, axis=(1, 2))
-        start_sq = jnp.sum(jnp.square(k.reshape(k.shape[0], -1) if not shared else k),
-                           axis=-1 if not shared else None)
+        start_sq = jnp.sum(jnp.square(k), axis=(-2, -1))  # [in, out] or [b, in, out]
         change = change + delta_sq + jnp.sum(jnp.square(db), axis=-1)
         model = model + start_sq + 2.0 * cross + delta_sq + jnp.sum(jnp.square(b + db), axis=-1)
     return jnp.sqrt(jnp.maximum(change, 0.0)), model

@@ -31,7 +31,7 @@ import optax  # noqa: E402
 import workload as wl  # noqa: E402
 
 from mcfl import engine  # noqa: E402
-from mcfl.algorithms import build_algorithm  # noqa: E402
+from mcfl.algorithms import build_algorithm, local_training  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
@@ -81,7 +81,7 @@ class McflRunner:
         self.data = federated(x.reshape(work.x.shape), y.reshape(work.y.shape)).arrays
         params_count = sum(v.size for v in work.params.values())
         low_rank = engine.low_rank_capacity(
-            build_training(self.config, model), self.data,
+            local_training(self.config, model), self.data,
             jax.tree.map(lambda a: a[None], to_flax(work.params))) is not None
         block = args.block_size or engine.default_block_size(params_count, c, low_rank=low_rank)
         self.block, self.low_rank = block, low_rank
@@ -104,12 +104,6 @@ class McflRunner:
 
     def global_params(self) -> dict[str, np.ndarray]:
         return from_flax(self.state.params)
-
-
-def build_training(config, model):
-    from mcfl.algorithms import local_training
-
-    return local_training(config, model)
 
 
 class CentralizedRunner:
