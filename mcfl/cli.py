@@ -60,6 +60,8 @@ HELP = {
     "clients_per_round": "clients sampled per round: a count (20) or a fraction (0.1)",
     "server_lr": "server step toward the clients' average (1 = plain averaging)",
     "eval_every": "evaluate every N rounds (and after the last)",
+    "scan_rounds": "run the rounds between evaluations as one lax.scan on the device, with no "
+    "host round-trip per round (per-round rows arrive at each evaluation)",
     "block_size": "clients per vmapped block (default: from model size and backend)",
 }
 

@@ -85,6 +85,8 @@ class RunConfig:
     shift_interval: int = 50  # incremental: rounds between releases of 25% more data
     # execution and evaluation
     eval_every: int = 1
+    # Run the rounds between evaluations as one lax.scan on the device (rows arrive per chunk)
+    scan_rounds: bool = False
     block_size: Optional[int] = None  # None: chosen from the model size and backend
     # Train dense models with factored weight changes (mcfl.lowrank): auto = when it is faster
     low_rank: str = "auto"

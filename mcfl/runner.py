@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import numpy as np
 
 from mcfl import engine, output
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
+from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
 from mcfl.errors import ConfigError, TrainingDivergedError
@@ -128,53 +130,67 @@ def _run(
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 
     state = jax.jit(algorithm.init)(data, init_key)
-    round_fn = jax.jit(algorithm.round)
+    advance = _round_advancer(algorithm, config.scan_rounds)
+    chunks = round_chunks(config.rounds, config.eval_every, config.scan_rounds)
     writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
     assignments: list[np.ndarray] = []
     round_seconds: list[float] = []
+    compiled_lengths: set[int] = set()
+    steady_seconds: list[float] = []  # rounds whose host call did not compile
     comm_total = 0
     metrics = None
 
     def summary_with(status: str) -> dict[str, Any]:
-        summary = _summary(config, dataset, rows, round_seconds, started, params_count,
-                           per_round, block_size, status)
+        summary = _summary(config, dataset, rows, round_seconds, steady_seconds, started,
+                           params_count, per_round, block_size, status)
         return {**summary, "low_rank": low_rank, "devices": engine.client_shards()}
 
-    profiled = range(min(2, config.rounds), min(3, config.rounds) + 1) if profile_dir else ()
+    # Profile the first host calls after compilation: rounds 2-3, or the second scanned chunk.
+    last = len(chunks) - 1
+    profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
+    profiled = profiled if profile_dir else range(0)
     tracing = False
     try:
-        for r in range(1, config.rounds + 1):
-            if profiled and r == profiled[0]:
+        for c, (first, count) in enumerate(chunks):
+            if c == profiled.start and c in profiled:
                 jax.profiler.start_trace(str(profile_dir))
                 tracing = True
             t0 = time.perf_counter()
-            new_state, round_metrics = round_fn(state, data, jax.random.fold_in(rounds_key, r))
-            row = {"round": r, **{k: float(v) for k, v in jax.device_get(round_metrics).items()}}
-            round_seconds.append(time.perf_counter() - t0)
-            row["seconds"] = round_seconds[-1]
-            if not all(math.isfinite(v) for v in row.values()):
-                raise TrainingDivergedError(
-                    f"training diverged in round {r}: train_loss={row['train_loss']} "
-                    f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
-                )
-            state = new_state
-            comm_total += add_communication(row, params_count, comm_total)
-            if algorithm.assignments is not None:
-                assignment = np.asarray(jax.device_get(algorithm.assignments(state)))
-                assignments.append(assignment)
-                row.update(cluster_metrics(assignment, dataset.true_cluster))
-            if r % config.eval_every == 0 or r == config.rounds:
-                metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
-                row.update(aggregate(metrics))
-            if tracing and r == profiled[-1]:
+            new_state, chunk_metrics, chunk_assignments = advance(state, data, rounds_key,
+                                                                  first, count)
+            seconds = (time.perf_counter() - t0) / count
+            compiling = count not in compiled_lengths
+            compiled_lengths.add(count)
+            for i in range(count):
+                r = first + i
+                row = {"round": r, **{k: float(v[i]) for k, v in chunk_metrics.items()},
+                       "seconds": seconds}
+                if not all(math.isfinite(v) for v in row.values()):
+                    raise TrainingDivergedError(
+                        f"training diverged in round {r}: train_loss={row['train_loss']} "
+                        f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
+                    )
+                round_seconds.append(seconds)
+                if not compiling:
+                    steady_seconds.append(seconds)
+                comm_total += add_communication(row, params_count, comm_total)
+                if chunk_assignments is not None:
+                    assignments.append(chunk_assignments[i])
+                    row.update(cluster_metrics(chunk_assignments[i], dataset.true_cluster))
+                if i == count - 1:
+                    state = new_state
+                    if r % config.eval_every == 0 or r == config.rounds:
+                        metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
+                        row.update(aggregate(metrics))
+                rows.append(row)
+                if writer is not None:
+                    writer.append(row)
+                if progress is not None:
+                    progress(r, row)
+            if tracing and c == profiled[-1]:
                 jax.profiler.stop_trace()
                 tracing = False
-            rows.append(row)
-            if writer is not None:
-                writer.append(row)
-            if progress is not None:
-                progress(r, row)
     except TrainingDivergedError:
         if writer is not None:
             output.write_summary(Path(out_dir), summary_with("diverged"))
@@ -199,12 +215,57 @@ def _run(
     return result
 
 
+def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int, int]]:
+    """(first round, number of rounds) of each host call: one round at a time, or, scanned,
+    the rounds up to each evaluation as one call (at most two lengths, so two compilations)."""
+    if not scanned:
+        return [(r, 1) for r in range(1, rounds + 1)]
+    chunks = []
+    first = 1
+    while first <= rounds:
+        end = min(-(-first // eval_every) * eval_every, rounds)
+        chunks.append((first, end - first + 1))
+        first = end + 1
+    return chunks
+
+
+def _round_advancer(algorithm, scanned: bool):
+    """A function (state, data, rounds_key, first, count) -> (state, metrics, assignments) that
+    runs `count` rounds; metrics are NumPy arrays [count] and assignments [count, C] (None
+    for algorithms without clusters). Scanned, the rounds run as one `lax.scan` on the device
+    (`scan_rounds`); otherwise one jitted round per call."""
+    record = algorithm.assignments
+    if scanned:
+        chunk = jax.jit(functools.partial(scan_rounds, algorithm, record=record),
+                        static_argnums=(4,))
+
+        def advance(state, data, rounds_key, first, count):
+            state, out = chunk(state, data, rounds_key, first, count)
+            metrics, assigned = out if record is not None else (out, None)
+            metrics, assigned = jax.device_get((metrics, assigned))
+            return state, metrics, None if assigned is None else np.asarray(assigned)
+
+        return advance
+
+    round_fn = jax.jit(algorithm.round)
+
+    def advance(state, data, rounds_key, first, count):
+        assert count == 1
+        state, metrics = round_fn(state, data, jax.random.fold_in(rounds_key, first))
+        metrics = {k: np.asarray(v)[None] for k, v in jax.device_get(metrics).items()}
+        assigned = None if record is None else np.asarray(jax.device_get(record(state)))[None]
+        return state, metrics, assigned
+
+    return advance
+
+
 def _title(config: RunConfig) -> str:
     return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
 
 
 def _summary(
-    config, dataset, rows, round_seconds, started, params_count, per_round, block_size, status
+    config, dataset, rows, round_seconds, steady_seconds, started, params_count, per_round,
+    block_size, status
 ) -> dict[str, Any]:
     evaluated = [row for row in rows if "accuracy_micro" in row]
     summary: dict[str, Any] = {
@@ -235,8 +296,8 @@ def _summary(
         if rows and key in rows[-1]:
             summary[key] = rows[-1][key]
     summary["wall_seconds"] = time.perf_counter() - started
-    # Round 1 includes compilation; later rounds show the steady state.
-    steady = round_seconds[1:] or round_seconds
+    # Host calls that compiled (round 1; scanned: each new chunk length) are left out.
+    steady = steady_seconds or round_seconds
     summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
     summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
     return summary

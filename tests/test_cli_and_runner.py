@@ -201,3 +201,57 @@ def test_profile_writes_a_trace(tmp_path):
     assert main(["run", *SMALL, "--no-cache", "--out", str(tmp_path / "run"),
                  "--profile", str(tmp_path / "trace")]) == 0
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))
+
+
+def test_round_chunks_end_at_each_evaluation():
+    from mcfl.runner import round_chunks
+
+    assert round_chunks(3, 2, scanned=False) == [(1, 1), (2, 1), (3, 1)]
+    assert round_chunks(5, 2, scanned=True) == [(1, 2), (3, 2), (5, 1)]
+    assert round_chunks(6, 3, scanned=True) == [(1, 3), (4, 3)]
+    assert round_chunks(2, 10, scanned=True) == [(1, 2)]
+
+
+def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path, monkeypatch):
+    """IFCA (it records assignments) with --scan-rounds: the same rows, assignments and
+    evaluations as round by round; 5 rounds evaluated every 2 are chunks of 2, 2 and 1 rounds,
+    so the round is traced twice (one scan per chunk length), not per chunk."""
+    common = ["--algorithm", "ifca", "--clusters", "2", *SMALL, "--rounds", "5",
+              "--eval-every", "2", "--no-cache"]
+    assert main(["run", *common, "--out", str(tmp_path / "loop")]) == 0
+    build = mcfl.runner.build_algorithm
+    traces = []
+
+    def counted_build(*args, **kwargs):
+        algorithm = build(*args, **kwargs)
+
+        def round_(*a):
+            traces.append(1)
+            return algorithm.round(*a)
+
+        return algorithm._replace(round=round_)
+
+    monkeypatch.setattr(mcfl.runner, "build_algorithm", counted_build)
+    assert main(["run", *common, "--scan-rounds", "--out", str(tmp_path / "scan")]) == 0
+    assert len(traces) == 2
+    loop, scan = _csv(tmp_path / "loop" / "rounds.csv"), _csv(tmp_path / "scan" / "rounds.csv")
+    assert [r["round"] for r in scan] == ["1", "2", "3", "4", "5"]
+    for a, b in zip(loop, scan):
+        assert a["cluster_sizes"] == b["cluster_sizes"]
+        assert a["accuracy_micro"] == b["accuracy_micro"]  # "" where not evaluated
+        assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-5)
+    summary = json.loads((tmp_path / "scan" / "summary.json").read_text())
+    assert summary["config"]["scan_rounds"] is True and summary["rounds_completed"] == 5
+
+
+def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys):
+    build = mcfl.runner.build_algorithm
+    monkeypatch.setattr(
+        mcfl.runner, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
+    )
+    out = tmp_path / "run"
+    assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds",
+                 "--out", str(out)]) == 2
+    assert "training diverged in round 3" in capsys.readouterr().err
+    assert [int(r["round"]) for r in _csv(out / "rounds.csv")] == [1, 2]
+    assert json.loads((out / "summary.json").read_text())["status"] == "diverged"

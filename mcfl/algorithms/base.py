@@ -51,14 +51,16 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
 
 
 def scan_rounds(algorithm: FederatedAlgorithm, state, data, rounds_key: jax.Array,
-                first_round: int, num_rounds: int):
+                first_round, num_rounds: int, record: Optional[Callable[[State], Any]] = None):
     """Run rounds ``first_round .. first_round + num_rounds - 1`` as one `lax.scan`, with no host
     round-trip between them; round r uses ``fold_in(rounds_key, r)`` as `mcfl.run` does, so the
     result equals running them one by one. Returns the final state and each metric stacked
-    [num_rounds]. Jit it with `num_rounds` static."""
+    [num_rounds]; with `record`, ``(metrics, record(state))`` after each round is stacked
+    instead (the runner records cluster assignments this way). Jit it with `num_rounds` static."""
 
     def body(carry, r):
-        return algorithm.round(carry, data, jax.random.fold_in(rounds_key, r))
+        new_state, metrics = algorithm.round(carry, data, jax.random.fold_in(rounds_key, r))
+        return new_state, (metrics if record is None else (metrics, record(new_state)))
 
     rounds = first_round + jnp.arange(num_rounds, dtype=jnp.int32)
     return jax.lax.scan(body, state, rounds)
