@@ -25,6 +25,7 @@ it). It pays off while the history t B stays small next to the layer widths
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -34,6 +35,10 @@ import jax.numpy as jnp
 from mcfl.batch_rule import step_rows
 
 PyTree = Any
+
+# Capacities (steps) up to this are unrolled with a static triangular history; longer ones
+# loop over the full-capacity buffers (the factored path is rarely worth it there anyway).
+UNROLL_STEPS = 12
 
 
 class LowRankClient(NamedTuple):
@@ -131,28 +136,46 @@ def train_block(
     labels = data.y_train[rows].reshape(size, capacity, batch)
     maskf = mask.astype(jnp.float32).reshape(size, capacity, batch)
     first_shared = times_kernel(x, 0)  # [b, R, out0]
-    first_gram = jnp.einsum("bri,bsi->brs", x, x)  # [b, R, R]
+    unrolled = capacity <= UNROLL_STEPS
 
     def rows_of_step(a, s):
         """Rows ``s * batch ... + batch`` of every client's [b, R, ...] array."""
         return jax.lax.dynamic_slice_in_dim(a, s * batch, batch, axis=1)
 
-    def step(s, carry):
-        hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken = carry
+    def correct(gram, grads_hist):
+        """The history's share of a forward product: [b, B, past] x [b, past, out]."""
+        return jnp.einsum("brs,bso->bro", gram, grads_hist)
+
+    def step(s, carry, past):
+        """Step `s`. Unrolled, `s` is static and ``past = s * batch`` history rows can be
+        non-zero, so the corrections touch only those (a triangular history: 10 of 25 row
+        blocks at 5 steps); in the loop, ``past`` is None and the corrections span all R."""
+        hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken, gram0 = carry
+        if past is None:
+            def hist(a):
+                return a
+        else:
+            def hist(a):
+                return a[:, :past]
         inputs, pre_acts = [None], []
         h = None
         for layer in range(num_layers):
             if layer == 0:
                 base = rows_of_step(first_shared, s)
-                gram = rows_of_step(first_gram, s)
+                if past is None:
+                    gram = rows_of_step(gram0, s)
+                elif past:
+                    gram = jnp.einsum("bri,bsi->brs", rows_of_step(x, s), hist(x))
+                    gram0 = gram0.at[:, s * batch:(s + 1) * batch, :past].set(gram)
             else:
                 inputs.append(h)
                 base = times_kernel(h, layer)
-                gram = jnp.einsum("bri,bsi->brs", h, hist_in[layer])
-            correction = jnp.einsum("brs,bso->bro", gram, hist_grad[layer])
-            z = base + correction + (biases[layer] + bias_delta[layer])[:, None, :]
-            if layer > 0:
+                if past != 0:
+                    gram = jnp.einsum("bri,bsi->brs", h, hist(hist_in[layer]))
                 hist_shared = _write(hist_shared, layer, base, s * batch)
+            z = base + (biases[layer] + bias_delta[layer])[:, None, :]
+            if past != 0:
+                z = z + correct(gram, hist(hist_grad[layer]))
             pre_acts.append(z)
             h = jax.nn.relu(z) if layer < num_layers - 1 else z
         step_mask = jax.lax.dynamic_index_in_dim(maskf, s, axis=1, keepdims=False)
@@ -168,11 +191,13 @@ def train_block(
         for layer in reversed(range(num_layers)):
             grads[layer] = delta
             if layer > 0:
-                back = times_kernel_t(delta, layer) + jnp.einsum(
-                    "brs,bsi->bri",
-                    jnp.einsum("bro,bso->brs", delta, hist_grad[layer]),
-                    hist_in[layer],
-                )
+                back = times_kernel_t(delta, layer)
+                if past != 0:
+                    back = back + jnp.einsum(
+                        "brs,bsi->bri",
+                        jnp.einsum("bro,bso->brs", delta, hist(hist_grad[layer])),
+                        hist(hist_in[layer]),
+                    )
                 delta = back * (pre_acts[layer - 1] > 0)
 
         # Inactive steps (past a client's last) write zero gradients: no effect on anything.
@@ -189,23 +214,41 @@ def train_block(
             b = bias_delta[layer] * decay[:, None] if mu > 0 else bias_delta[layer]
             new_bias.append(b + scale[:, :, 0] * jnp.sum(grads[layer], axis=1))
         return (hist_in, hist_grad, hist_shared, tuple(new_bias),
-                loss_sum + jnp.where(active, loss, 0.0), taken + active)
+                loss_sum + jnp.where(active, loss, 0.0), taken + active, gram0)
 
     shapes = [k.shape[-2:] for k in kernels]
     zeros = lambda *shape: jnp.zeros((size,) + shape, jnp.float32)  # noqa: E731
-    init = (
+    carry = (
         (x,) + tuple(zeros(rows_cap, i) for i, _ in shapes[1:]),
         tuple(zeros(rows_cap, o) for _, o in shapes),
         (first_shared,) + tuple(zeros(rows_cap, o) for _, o in shapes[1:]),
         tuple(zeros(o) for _, o in shapes),
         jnp.zeros((size,), jnp.float32),
         jnp.zeros((size,), jnp.int32),
+        # the first layer's [b, R, R] Gram: filled below the diagonal blocks step by step
+        # when unrolled; all of it up front for the loop
+        zeros(rows_cap, rows_cap) if unrolled else jnp.einsum("bri,bsi->brs", x, x),
     )
-    hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken = jax.lax.fori_loop(
-        0, loop_length, step, init
-    )
-    return LowRankClient(hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken,
-                         first_gram)
+    if unrolled:
+        for s in range(capacity):
+            # steps past the block's longest client are skipped, not computed and masked
+            carry = jax.lax.cond(s < loop_length, functools.partial(step, s, past=s * batch),
+                                 lambda c: c, carry)
+        *carry, lower = carry
+        first_gram = _symmetric_gram(lower, x.reshape(size, capacity, batch, -1))
+    else:
+        *carry, first_gram = jax.lax.fori_loop(
+            0, loop_length, functools.partial(step, past=None), carry)
+    return LowRankClient(*carry, first_gram)
+
+
+def _symmetric_gram(lower: jax.Array, x_steps: jax.Array) -> jax.Array:
+    """The full [b, R, R] Gram of the rows from its blocks below the diagonal (`lower`,
+    zero elsewhere) and the diagonal blocks, each step's rows with themselves."""
+    diag = jnp.einsum("bcri,bcsi->bcrs", x_steps, x_steps)  # [b, C, B, B]
+    steps = x_steps.shape[1]
+    block_diag = jnp.einsum("bcrs,cd->bcrds", diag, jnp.eye(steps, dtype=diag.dtype))
+    return lower + jnp.swapaxes(lower, 1, 2) + block_diag.reshape(lower.shape)
 
 
 def visit_rows(data, orders: jax.Array, client, capacity: int, batch: int):
