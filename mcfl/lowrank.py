@@ -50,11 +50,11 @@ class LowRankClient(NamedTuple):
 
     inputs: tuple  # per layer [b, R, in]: layer inputs of every step (R = capacity rows)
     scaled_grads: tuple  # per layer [b, R, out]: -lr * decay * output gradients
-    shared_out: tuple  # per layer [b, R, out]: the inputs times the start kernel (h_s W0)
     bias_delta: tuple  # per layer [b, out]
     loss_sum: jax.Array  # [b] summed training loss of the steps taken
     taken: jax.Array  # [b] steps taken
-    first_gram: jax.Array  # [b, R, R]: inputs[0] @ inputs[0]^T, reused for the norms
+    kernel_change_sq: jax.Array  # [b] sum over layers of ||inputs^T scaled_grads||^2
+    kernel_cross: jax.Array  # [b] sum over layers of <start kernel, inputs^T scaled_grads>
 
 
 def layer_shapes(params: PyTree, layers: Sequence[str]) -> list[tuple[int, int]]:
@@ -98,9 +98,10 @@ def train_block(
     ``block["start"]``. `capacity` (static) bounds the steps any client takes.
 
     The first layer's inputs are the data, known before training: its start-kernel product
-    and the Gram matrix of every row a client will visit are computed once, up front, as
-    large matmuls; the steps only add [B, R] x [R, out] corrections. Deeper layers keep a
-    history of their inputs, written step by step.
+    for every row a client will visit is one large matmul, up front; the steps only add
+    [B, past] x [past, out] corrections. Deeper layers keep a history of their inputs,
+    written step by step. Update and model norms are running sums (see `step`), so nothing
+    is left to compute from the factors afterwards.
     """
     num_layers = len(layers)
     size = block["client"].shape[0]
@@ -137,45 +138,53 @@ def train_block(
     maskf = mask.astype(jnp.float32).reshape(size, capacity, batch)
     first_shared = times_kernel(x, 0)  # [b, R, out0]
     unrolled = capacity <= UNROLL_STEPS
+    # The loop reads each step's rows of the first layer's Gram, computed up front; unrolled
+    # steps compute only the blocks they need.
+    first_gram = None if unrolled else jnp.einsum("bri,bsi->brs", x, x)
 
-    def rows_of_step(a, s):
+    def rows_of_step(a, s, axis=1):
         """Rows ``s * batch ... + batch`` of every client's [b, R, ...] array."""
-        return jax.lax.dynamic_slice_in_dim(a, s * batch, batch, axis=1)
-
-    def correct(gram, grads_hist):
-        """The history's share of a forward product: [b, B, past] x [b, past, out]."""
-        return jnp.einsum("brs,bso->bro", gram, grads_hist)
+        return jax.lax.dynamic_slice_in_dim(a, s * batch, batch, axis=axis)
 
     def step(s, carry, past):
-        """Step `s`. Unrolled, `s` is static and ``past = s * batch`` history rows can be
+        """Step `s`. Unrolled, `s` is static and only ``past = s * batch`` history rows can be
         non-zero, so the corrections touch only those (a triangular history: 10 of 25 row
-        blocks at 5 steps); in the loop, ``past`` is None and the corrections span all R."""
-        hist_in, hist_grad, hist_shared, bias_delta, loss_sum, taken, gram0 = carry
-        if past is None:
-            def hist(a):
-                return a
-        else:
-            def hist(a):
-                return a[:, :past]
-        inputs, pre_acts = [None], []
-        h = None
+        blocks at 5 steps); in the loop, ``past`` is None and the corrections span all R.
+
+        Besides the factors, the step updates each client's ``||D||^2`` and ``<W0, D>`` (D the
+        kernel change, W0 the start kernel) from products it forms anyway: with
+        ``D' = decay D + h^T g``, ``||D'||^2 = decay^2 ||D||^2 + 2 decay <g, h D> +
+        <h h^T, g g^T>`` (h D is the forward's correction) and ``<W0, D'> = decay <W0, D> +
+        <g, h W0>`` (h W0 its shared product)."""
+        hist_in, hist_grad, bias_delta, loss_sum, taken, change_sq, cross = carry
+        seen = None if past is None else past + batch  # history rows incl. this step's
+
+        def upto(a, rows):
+            return a if rows is None else a[:, :rows]
+
+        bases, corrections, own_grams, pre_acts = [], [], [], []
+        h = x_step = rows_of_step(x, s)  # the first layer's inputs
         for layer in range(num_layers):
             if layer == 0:
                 base = rows_of_step(first_shared, s)
-                if past is None:
-                    gram = rows_of_step(gram0, s)
-                elif past:
-                    gram = jnp.einsum("bri,bsi->brs", rows_of_step(x, s), hist(x))
-                    gram0 = gram0.at[:, s * batch:(s + 1) * batch, :past].set(gram)
+                gram = (rows_of_step(first_gram, s) if past is None
+                        else jnp.einsum("bri,bsi->brs", x_step, upto(x, seen)))
             else:
-                inputs.append(h)
                 base = times_kernel(h, layer)
-                if past != 0:
-                    gram = jnp.einsum("bri,bsi->brs", h, hist(hist_in[layer]))
-                hist_shared = _write(hist_shared, layer, base, s * batch)
+                # this step's inputs join the history now: their gradient rows are still zero
+                hist_in = _write(hist_in, layer, h, s * batch)
+                gram = jnp.einsum("bri,bsi->brs", h, upto(hist_in[layer], seen))
+            own_grams.append(rows_of_step(gram, s, axis=2) if past is None
+                             else gram[:, :, past:])
             z = base + (biases[layer] + bias_delta[layer])[:, None, :]
+            correction = None
             if past != 0:
-                z = z + correct(gram, hist(hist_grad[layer]))
+                past_gram = gram if past is None else gram[:, :, :past]
+                correction = jnp.einsum("brs,bso->bro", past_gram,
+                                        upto(hist_grad[layer], past))
+                z = z + correction
+            bases.append(base)
+            corrections.append(correction)
             pre_acts.append(z)
             h = jax.nn.relu(z) if layer < num_layers - 1 else z
         step_mask = jax.lax.dynamic_index_in_dim(maskf, s, axis=1, keepdims=False)
@@ -195,8 +204,8 @@ def train_block(
                 if past != 0:
                     back = back + jnp.einsum(
                         "brs,bsi->bri",
-                        jnp.einsum("bro,bso->brs", delta, hist(hist_grad[layer])),
-                        hist(hist_in[layer]),
+                        jnp.einsum("bro,bso->brs", delta, upto(hist_grad[layer], past)),
+                        upto(hist_in[layer], past),
                     )
                 delta = back * (pre_acts[layer - 1] > 0)
 
@@ -204,51 +213,40 @@ def train_block(
         scale = jnp.where(active, -lr, 0.0)[:, None, None]
         decay = jnp.where(active, 1.0 - lr * mu * block["prox_scale"], 1.0)
         new_bias = []
+        if mu > 0:  # the pull shrinks the change so far
+            change_sq, cross = decay * decay * change_sq, decay * cross
         for layer in range(num_layers):
+            g = scale * grads[layer]
+            own = jnp.sum(own_grams[layer] * jnp.einsum("bro,bso->brs", g, g), axis=(1, 2))
+            if corrections[layer] is not None:
+                own = own + 2.0 * decay * jnp.sum(g * corrections[layer], axis=(1, 2))
+            change_sq = change_sq + own
+            cross = cross + jnp.sum(g * bases[layer], axis=(1, 2))
             if mu > 0:
                 hist_grad = hist_grad[:layer] + (hist_grad[layer] * decay[:, None, None],) \
                     + hist_grad[layer + 1:]
-            hist_grad = _write(hist_grad, layer, scale * grads[layer], s * batch)
-            if layer > 0:
-                hist_in = _write(hist_in, layer, inputs[layer], s * batch)
+            hist_grad = _write(hist_grad, layer, g, s * batch)
             b = bias_delta[layer] * decay[:, None] if mu > 0 else bias_delta[layer]
             new_bias.append(b + scale[:, :, 0] * jnp.sum(grads[layer], axis=1))
-        return (hist_in, hist_grad, hist_shared, tuple(new_bias),
-                loss_sum + jnp.where(active, loss, 0.0), taken + active, gram0)
+        return (hist_in, hist_grad, tuple(new_bias), loss_sum + jnp.where(active, loss, 0.0),
+                taken + active, change_sq, cross)
 
     shapes = [k.shape[-2:] for k in kernels]
     zeros = lambda *shape: jnp.zeros((size,) + shape, jnp.float32)  # noqa: E731
     carry = (
         (x,) + tuple(zeros(rows_cap, i) for i, _ in shapes[1:]),
         tuple(zeros(rows_cap, o) for _, o in shapes),
-        (first_shared,) + tuple(zeros(rows_cap, o) for _, o in shapes[1:]),
         tuple(zeros(o) for _, o in shapes),
-        jnp.zeros((size,), jnp.float32),
-        jnp.zeros((size,), jnp.int32),
-        # the first layer's [b, R, R] Gram: filled below the diagonal blocks step by step
-        # when unrolled; all of it up front for the loop
-        zeros(rows_cap, rows_cap) if unrolled else jnp.einsum("bri,bsi->brs", x, x),
+        zeros(), jnp.zeros((size,), jnp.int32), zeros(), zeros(),
     )
     if unrolled:
         for s in range(capacity):
             # steps past the block's longest client are skipped, not computed and masked
             carry = jax.lax.cond(s < loop_length, functools.partial(step, s, past=s * batch),
                                  lambda c: c, carry)
-        *carry, lower = carry
-        first_gram = _symmetric_gram(lower, x.reshape(size, capacity, batch, -1))
     else:
-        *carry, first_gram = jax.lax.fori_loop(
-            0, loop_length, functools.partial(step, past=None), carry)
-    return LowRankClient(*carry, first_gram)
-
-
-def _symmetric_gram(lower: jax.Array, x_steps: jax.Array) -> jax.Array:
-    """The full [b, R, R] Gram of the rows from its blocks below the diagonal (`lower`,
-    zero elsewhere) and the diagonal blocks, each step's rows with themselves."""
-    diag = jnp.einsum("bcri,bcsi->bcrs", x_steps, x_steps)  # [b, C, B, B]
-    steps = x_steps.shape[1]
-    block_diag = jnp.einsum("bcrs,cd->bcrds", diag, jnp.eye(steps, dtype=diag.dtype))
-    return lower + jnp.swapaxes(lower, 1, 2) + block_diag.reshape(lower.shape)
+        carry = jax.lax.fori_loop(0, loop_length, functools.partial(step, past=None), carry)
+    return LowRankClient(*carry)
 
 
 def visit_rows(data, orders: jax.Array, client, capacity: int, batch: int):
@@ -289,21 +287,16 @@ def materialize(start: PyTree, layers: Sequence[str], shared: bool, index,
 
 def update_and_model_norms(start: PyTree, layers: Sequence[str], shared: bool, index,
                            result: LowRankClient) -> tuple[jax.Array, jax.Array]:
-    """[b] ``||W_i - W0_i||`` and ``||W_i||^2`` from the factors, without forming W_i:
-    ``||H^T Dl||^2 = sum((H H^T) * (Dl Dl^T))`` and ``<W0, H^T Dl> = sum((H W0) * Dl)``."""
-    change = jnp.zeros(result.taken.shape, jnp.float32)
-    model = jnp.zeros(result.taken.shape, jnp.float32)
+    """[b] ``||W_i - W0_i||`` and ``||W_i||^2`` without forming W_i: the kernels' share comes
+    from the running sums `train_block` keeps (``||D||^2``, ``<W0, D>``), the biases' from
+    the dense bias changes."""
+    change = result.kernel_change_sq
+    model = change + 2.0 * result.kernel_cross
     kernels = _start_leaves(start, layers, "kernel", shared, index)
     biases = _start_leaves(start, layers, "bias", shared, index)
-    for layer, (k, b, h, g, p, db) in enumerate(zip(
-            kernels, biases, result.inputs, result.scaled_grads, result.shared_out,
-            result.bias_delta)):
-        gram = result.first_gram if layer == 0 else jnp.einsum("bri,bsi->brs", h, h)
-        delta_sq = jnp.sum(gram * jnp.einsum("bro,bso->brs", g, g), axis=(1, 2))
-        cross = jnp.sum(p * g, axis=(1, 2))
-        start_sq = jnp.sum(jnp.square(k), axis=(-2, -1))  # [in, out] or [b, in, out]
-        change = change + delta_sq + jnp.sum(jnp.square(db), axis=-1)
-        model = model + start_sq + 2.0 * cross + delta_sq + jnp.sum(jnp.square(b + db), axis=-1)
+    for k, b, db in zip(kernels, biases, result.bias_delta):
+        change = change + jnp.sum(jnp.square(db), axis=-1)
+        model = model + jnp.sum(jnp.square(k), axis=(-2, -1)) + jnp.sum(jnp.square(b + db), -1)
     return jnp.sqrt(jnp.maximum(change, 0.0)), model
 
 
