@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/fedavg_side_by_side.py --clients 1000 --rounds 4 --out runs/peers
 
 Runs, one after another, each in its own process (so none shares threads, caches or memory
-with another): the centralized ceiling and mcfl's FedAvg (low-rank auto, and forced off) from
-this Python; fedjax 0.0.17 and the PyTorch per-client loop from the peers venv
+with another): the centralized ceiling and mcfl's FedAvg (low-rank auto on one device; on a
+multi-core CPU also with one forced XLA host device per core, `--devices` = cores; and low-rank
+forced off) from this Python; fedjax 0.0.17 and the PyTorch per-client loop from the peers venv
 (`--peers-python`, see benchmarks/peers/README.md; skipped with a note when it is missing).
 Every contender first passes `--check` against the NumPy oracle (20 clients), then is timed.
 Prints a Markdown table (steady s/round, ratios to mcfl and to the ceiling) and writes
@@ -26,22 +27,27 @@ PEERS = Path(__file__).resolve().parent / "peers"
 ROOT = PEERS.parent.parent
 
 
-def contenders(peers_python: str | None) -> list[tuple[str, list[str], bool]]:
-    """(key, command, checkable) of each contender."""
+def contenders(peers_python: str | None) -> list[tuple[str, list[str], bool, dict]]:
+    """(key, command, checkable, extra environment) of each contender."""
     here = [sys.executable, str(PEERS / "mcfl_round.py")]
     out = [
-        ("centralized", here + ["--centralized"], False),
-        ("mcfl", here + ["--low-rank", "auto"], True),
-        ("mcfl-per-client", here + ["--low-rank", "off"], True),
+        ("centralized", here + ["--centralized"], False, {}),
+        ("mcfl", here + ["--low-rank", "auto"], True, {}),
     ]
+    cores = os.cpu_count() or 1
+    if cores > 1:  # one XLA CPU device per core, the clients' blocks dealt over them
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={cores}"
+        out.append(("mcfl-devices", here + ["--low-rank", "auto", "--devices", str(cores)], True,
+                    {"XLA_FLAGS": flags.strip()}))
+    out.append(("mcfl-per-client", here + ["--low-rank", "off"], True, {}))
     if peers_python:
-        out.append(("fedjax", [peers_python, str(PEERS / "fedjax_round.py")], True))
-        out.append(("torch", [peers_python, str(PEERS / "torch_round.py")], True))
+        out.append(("fedjax", [peers_python, str(PEERS / "fedjax_round.py")], True, {}))
+        out.append(("torch", [peers_python, str(PEERS / "torch_round.py")], True, {}))
     return out
 
 
-def run_json(command: list[str], path: Path, timeout: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_json(command: list[str], path: Path, timeout: int, extra_env: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     done = subprocess.run(command + ["--json", str(path)], env=env, capture_output=True,
                           text=True, timeout=timeout)
     if done.returncode != 0:
@@ -61,13 +67,15 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for key, command, checkable in contenders(args.peers_python):
+    for key, command, checkable, extra_env in contenders(args.peers_python):
         if checkable:
-            check = run_json(command + ["--check"], args.out / f"{key}-check.json", args.timeout)
+            check = run_json(command + ["--check"], args.out / f"{key}-check.json", args.timeout,
+                             extra_env)
             print(f"{key}: check max |diff| {check['check']['max_abs_diff']:.2e}", flush=True)
         start = time.perf_counter()
         result = run_json(command + ["--clients", str(args.clients), "--rounds",
-                                     str(args.rounds)], args.out / f"{key}.json", args.timeout)
+                                     str(args.rounds)], args.out / f"{key}.json", args.timeout,
+                          extra_env)
         result["wall_seconds"] = time.perf_counter() - start
         results[key] = result
         print(f"{key}: {result['seconds_per_round']:.3f} s/round", flush=True)

@@ -94,6 +94,9 @@ class McflRunner:
         # and a first round fed unsharded arrays would compile twice).
         mesh = engine.client_mesh(args.devices) if args.devices > 1 else None
         self.mesh = (lambda: jax.set_mesh(mesh)) if mesh else contextlib.nullcontext
+        if mesh is not None:  # replicated on the mesh, as round 1's outputs will be
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            self.state, self.data = jax.device_put((self.state, self.data), replicated)
 
     def run_round(self) -> None:
         self.r += 1
@@ -142,6 +145,8 @@ def describe(args) -> dict:
         name = "centralized ceiling (one model, one batch)"
     else:
         name = f"mcfl FedAvg (low-rank {args.low_rank})"
+        if args.devices > 1:
+            name += f", {args.devices} CPU devices"
     return {"name": name, "jax_version": jax.__version__, "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind}
 
