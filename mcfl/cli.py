@@ -276,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flags(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
     p_run.add_argument("--profile", metavar="DIR",
-                       help="write a jax.profiler trace of rounds 2-3 to DIR")
+                       help="write a jax.profiler trace of rounds 2-3 to DIR (with "
+                       "--scan-rounds: of the second chunk of rounds)")
     p_run.set_defaults(func=cmd_run)
 
     p_data = sub.add_parser("data", help="inspect a federated dataset")

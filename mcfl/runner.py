@@ -80,7 +80,8 @@ def run(
     `dataset` may be passed to reuse it across runs (it must match the config's clients).
     With `cache_dir`, the prepared dataset is read from / written to that cache. With
     `profile_dir`, a jax.profiler trace of rounds 2-3 (compiled, steady state; round 1 if the
-    run has one round) is written there for TensorBoard or Perfetto.
+    run has one round; with ``config.scan_rounds``, the second chunk of rounds) is written there
+    for TensorBoard or Perfetto.
     """
     with _client_mesh(config.devices):
         return _run(config, out_dir, progress, dataset, cache_dir, profile_dir)

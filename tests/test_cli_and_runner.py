@@ -201,6 +201,10 @@ def test_profile_writes_a_trace(tmp_path):
     assert main(["run", *SMALL, "--no-cache", "--out", str(tmp_path / "run"),
                  "--profile", str(tmp_path / "trace")]) == 0
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))
+    # scanned: the second chunk (round 3 of chunks [1-2], [3]) is traced
+    assert main(["run", *SMALL, "--no-cache", "--scan-rounds", "--eval-every", "2",
+                 "--out", str(tmp_path / "scanned"), "--profile", str(tmp_path / "trace2")]) == 0
+    assert list((tmp_path / "trace2").rglob("*.xplane.pb"))
 
 
 def test_round_chunks_end_at_each_evaluation():
