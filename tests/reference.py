@@ -47,8 +47,13 @@ def reference_local_train(training: LocalTraining, data, orders, params, client:
     return params, steps
 
 
-def reference_fedavg_round(training, data, params, clients, train_key):
-    """One FedAvg round: each client trains from `params`; average weighted by n_i."""
+def reference_fedavg_round(training, data, params, round_key, clients_per_round: int):
+    """One FedAvg round as `mcfl.algorithms.fedavg` keys it (the round key split into sampling
+    and training keys): each sampled client trains from `params`; average weighted by n_i."""
+    from mcfl.sampling import sample_clients
+
+    sample_key, train_key = jax.random.split(round_key)
+    clients = sample_clients(sample_key, data.num_clients, clients_per_round)
     orders = epoch_orders(train_key, data, num_epochs_needed(data.min_train_count, training))
     models, weights = [], []
     for c in np.asarray(clients):
