@@ -79,19 +79,17 @@ def make_model() -> fedjax.Model:
     return fedjax.create_model_from_haiku(hk.transform(mlp_forward), sample, per_example_loss)
 
 
+HAIKU_LAYOUT = ("dense{}", "w", "b")
+
+
 def to_haiku(params: dict[str, np.ndarray]) -> dict:
     """Workload layout -> haiku's {"dense{i}": {"w": [in, out], "b": [out]}}."""
-    return {f"dense{i}": {"w": jnp.asarray(params[f"kernel{i}"]),
-                          "b": jnp.asarray(params[f"bias{i}"])} for i in range(wl.NUM_LAYERS)}
+    return jax.tree.map(jnp.asarray, wl.nest_layers(params, *HAIKU_LAYOUT))
 
 
 def from_haiku(params: dict) -> dict[str, np.ndarray]:
     """Haiku params -> the workload layout, as NumPy arrays."""
-    out = {}
-    for i in range(wl.NUM_LAYERS):
-        out[f"kernel{i}"] = np.asarray(params[f"dense{i}"]["w"])
-        out[f"bias{i}"] = np.asarray(params[f"dense{i}"]["b"])
-    return out
+    return wl.flatten_layers(params, *HAIKU_LAYOUT)
 
 
 def make_clients(work: wl.Workload, seed: int) -> list[tuple]:

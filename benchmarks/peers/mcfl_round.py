@@ -39,17 +39,15 @@ from mcfl.models import make_model  # noqa: E402
 ROWS = 50
 
 
+FLAX_LAYOUT = ("Dense_{}", "kernel", "bias")
+
+
 def to_flax(params: dict[str, np.ndarray]) -> dict:
-    return {f"Dense_{i}": {"kernel": jnp.asarray(params[f"kernel{i}"]),
-                           "bias": jnp.asarray(params[f"bias{i}"])} for i in range(wl.NUM_LAYERS)}
+    return jax.tree.map(jnp.asarray, wl.nest_layers(params, *FLAX_LAYOUT))
 
 
 def from_flax(params: dict) -> dict[str, np.ndarray]:
-    out = {}
-    for i in range(wl.NUM_LAYERS):
-        out[f"kernel{i}"] = np.asarray(params[f"Dense_{i}"]["kernel"])
-        out[f"bias{i}"] = np.asarray(params[f"Dense_{i}"]["bias"])
-    return out
+    return wl.flatten_layers(params, *FLAX_LAYOUT)
 
 
 def federated(x: np.ndarray, y: np.ndarray):

@@ -66,6 +66,22 @@ def param_names() -> list[str]:
     return [f"{kind}{i}" for i in range(NUM_LAYERS) for kind in ("kernel", "bias")]
 
 
+def nest_layers(params: dict[str, np.ndarray], layer: str, kernel: str, bias: str) -> dict:
+    """The workload's flat layout as a framework's nested one: ``{layer.format(i): {kernel:
+    [in, out], bias: [out]}}`` (flax: "Dense_{}", "kernel", "bias"; haiku: "dense{}", "w", "b")."""
+    return {layer.format(i): {kernel: params[f"kernel{i}"], bias: params[f"bias{i}"]}
+            for i in range(NUM_LAYERS)}
+
+
+def flatten_layers(nested: dict, layer: str, kernel: str, bias: str) -> dict[str, np.ndarray]:
+    """`nest_layers` undone, as NumPy arrays."""
+    out = {}
+    for i in range(NUM_LAYERS):
+        out[f"kernel{i}"] = np.asarray(nested[layer.format(i)][kernel])
+        out[f"bias{i}"] = np.asarray(nested[layer.format(i)][bias])
+    return out
+
+
 def init_params(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Glorot-uniform kernels [in, out] and zero biases [out], float32."""
     params = {}
