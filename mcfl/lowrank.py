@@ -163,7 +163,8 @@ def train_block(
             return a if rows is None else a[:, :rows]
 
         bases, corrections, own_grams, pre_acts = [], [], [], []
-        h = x_step = rows_of_step(x, s)  # the first layer's inputs
+        x_step = rows_of_step(x, s)  # the first layer's inputs
+        h = None  # the current layer's inputs, from the second layer on
         for layer in range(num_layers):
             if layer == 0:
                 base = rows_of_step(first_shared, s)
