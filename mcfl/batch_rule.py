@@ -1,20 +1,46 @@
 """Which rows a client's local step reads: the one definition shared by the per-client engine
-(`mcfl.engine.local_train`) and the factored path (`mcfl.lowrank`)."""
+(`mcfl.engine.local_train`), the factored path (`mcfl.lowrank`) and the tests' reference loop.
+
+Client i's epoch e visits its rows in the order of a permutation keyed by
+``fold_in(fold_in(round_key, i), e)`` (`mcfl.permutation`), computed only at the positions a
+step reads: a round costs what its clients' batches cost, not a shuffle of the population, and
+a client's batches depend on its own key only (not on the other clients, the blocking or the
+sampling).
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from mcfl.permutation import permute
 
-def step_rows(orders: jax.Array, offset, count, step, batch: int):
-    """Rows [batch] of step `step` of the client whose ``count`` rows start at ``offset`` in
-    the epoch orders [E, N], and the mask of the real ones. Step s reads batch
-    ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)`` (the last epoch's order is reused past the
-    end); an epoch's last batch is partial, its missing rows repeat the client's last row,
-    masked."""
+
+def epoch_key(round_key: jax.Array, client, epoch) -> jax.Array:
+    """The key of client `client`'s shuffle in epoch `epoch` of a round."""
+    return jax.random.fold_in(jax.random.fold_in(round_key, client), epoch)
+
+
+def step_rows(round_key: jax.Array, data, client, step, batch: int):
+    """Rows [batch] that step `step` of client `client` reads, and the mask of the real ones.
+
+    Step s reads batch ``s % ceil(n/B)`` of epoch ``s // ceil(n/B)`` (n the client's rows): the
+    positions ``b B .. b B + B - 1`` of that epoch's permutation of ``[0, n)``, mapped through
+    the client's rows ``order[offset + position]``. An epoch's last batch is partial: its missing
+    positions repeat the last one, masked out.
+    """
+    offset, count = data.train_offsets[client], data.train_counts[client]
     steps_per_epoch = jnp.maximum((count + batch - 1) // batch, 1)
-    epoch = jnp.minimum(step // steps_per_epoch, orders.shape[0] - 1)
+    epoch = step // steps_per_epoch
     pos = (step % steps_per_epoch) * batch + jnp.arange(batch, dtype=jnp.int32)
-    rows = orders[epoch, offset + jnp.minimum(pos, jnp.maximum(count - 1, 0))]
-    return rows, pos < count
+    valid = pos < count
+    pos = jnp.minimum(pos, jnp.maximum(count - 1, 0))
+    shuffled = permute(epoch_key(round_key, client, epoch), count, pos)
+    return data.train_order[offset + shuffled], valid
+
+
+def epoch_positions(round_key: jax.Array, client, epoch, count) -> jax.Array:
+    """[count] the whole of client `client`'s epoch-`epoch` order, as positions in
+    ``[0, count)`` (for tests and inspection; training computes only what it reads)."""
+    return permute(epoch_key(round_key, client, epoch), count,
+                   jnp.arange(int(count), dtype=jnp.int32))

@@ -7,9 +7,10 @@ Layout of the work (see README, "How the engine works"):
   together (`vmap`) through a loop over local steps whose length is the block's longest client.
   A client with fewer steps is masked: its extra steps leave parameters and optimizer state
   untouched. Memory stays at one block of client models (plus the outputs asked for).
-* Each epoch of client ``i`` visits its samples in an order drawn from its own key
-  ``fold_in(fold_in(round_key, i), epoch)``, so a client's batches do not depend on the
-  other clients, on the blocking or on the sampling.
+* Each epoch of client ``i`` visits its samples in the order of a permutation keyed by
+  ``fold_in(fold_in(round_key, i), epoch)``, evaluated only at the positions a step reads
+  (`mcfl.batch_rule`): a round touches its own clients' rows and nothing else, and a client's
+  batches do not depend on the other clients, on the blocking or on the sampling.
 * A client's epoch is ``ceil(n_i / B)`` steps; the last batch of an epoch is partial and
   its missing rows are masked out of the loss.
 * Results are either collected per client ([S, ...] stacked models) or reduced on the fly into
@@ -76,38 +77,6 @@ def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
     return training.local_epochs * ceil_div(counts, training.batch_size)
 
 
-def num_epochs_needed(min_train_count: int, training: LocalTraining) -> int:
-    """How many epoch orders a round can need: E, or with fixed steps, enough epochs for the
-    smallest client (which cycles through its data fastest). The count is static, from the
-    dataset as built; if a distribution shift leaves a client smaller than that (incremental
-    release, a swapped label), its later epochs reuse the last order (`local_train` clamps)."""
-    if training.local_steps is None:
-        return training.local_epochs
-    steps_per_epoch = -(-min_train_count // training.batch_size)
-    return max(1, -(-training.local_steps // steps_per_epoch))
-
-
-def epoch_orders(key: jax.Array, data: FederatedData, num_epochs: int) -> jax.Array:
-    """[num_epochs, N_train] row orders: within each client's rows, a fresh random permutation
-    per epoch, drawn from the client's own key (a segmented shuffle: one sort per epoch)."""
-    owner = data.train_owner
-    rows = jnp.arange(owner.shape[0], dtype=jnp.int32)
-    # Rank of each row within its client: position in the owner-sorted order minus the offset.
-    sorted_owner = owner[data.train_order]
-    offsets = jnp.concatenate([data.train_offsets, jnp.zeros((1,), jnp.int32)])  # owner C: none
-    local_pos = jnp.zeros_like(rows).at[data.train_order].set(rows - offsets[sorted_owner])
-
-    def one_epoch(epoch):
-        def row_bits(client, pos):
-            k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, client), epoch), pos)
-            return jax.random.bits(k, dtype=jnp.uint32)
-
-        bits = jax.vmap(row_bits)(owner, local_pos)
-        return jax.lax.sort((owner, bits, rows), num_keys=2)[2]
-
-    return jax.vmap(one_epoch)(jnp.arange(num_epochs, dtype=jnp.int32))
-
-
 def chunk_rows(i, chunk: int, offset, count) -> tuple[jax.Array, jax.Array]:
     """Positions [chunk] (in the owner-sorted row order) of the i-th chunk of a client's
     ``count`` rows starting at ``offset``, and the mask of the real ones (past the end, the last
@@ -134,11 +103,10 @@ def _select(pred, new: PyTree, old: PyTree) -> PyTree:
 def local_train(
     training: LocalTraining,
     data: FederatedData,
-    orders: jax.Array,
+    key: jax.Array,
     params: PyTree,
     anchor: PyTree,
-    offset: jax.Array,
-    count: jax.Array,
+    client: jax.Array,
     num_steps: jax.Array,
     loop_length: jax.Array,
     prox_scale: jax.Array | float = 1.0,
@@ -146,7 +114,7 @@ def local_train(
     """One client's local training (unbatched; the engine vmaps it over a block).
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
-    are real. Step s reads `batch_rule.step_rows`. The proximal
+    are real. Step s reads `batch_rule.step_rows` of the round `key`. The proximal
     weight is ``training.mu * prox_scale`` (FeSEM weighs it per client, Eq. 8).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
@@ -162,7 +130,7 @@ def local_train(
 
     def step(s, carry):
         p, opt_state, loss_sum, taken = carry
-        rows, mask = step_rows(orders, offset, count, s, batch)
+        rows, mask = step_rows(key, data, client, s, batch)
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
             p, data.x_train[rows], data.y_train[rows], mask
         )
@@ -274,7 +242,7 @@ def _over_devices(run_blocks: Callable, blocked: dict, shards: int, summed: PyTr
         return jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[2:])
 
     dealt = jax.tree.map(deal, blocked)
-    # Arrays the block function closes over (data, models, orders) enter shard_map as
+    # Arrays the block function closes over (data, models) enter shard_map as
     # explicit replicated arguments: closed-over values are not allowed inside it.
     local_example = jax.tree.map(lambda x: x[0], dealt)
     converted, consts = jax.closure_convert(run_blocks, local_example)
@@ -391,10 +359,17 @@ def segment_mean(sums: PyTree, weight_sums: jax.Array, previous: PyTree) -> PyTr
 
 
 class RoundClients(NamedTuple):
-    """The clients of a round and where each starts from (all [S] int32)."""
+    """The clients of a round and where each starts from (all [S] int32).
+
+    `active` [S] bool, when given, marks the clients that really train: the others take no
+    step, weigh nothing and come back as their start model (fixed shapes for a varying number
+    of clients, e.g. FlexCFL's newcomers). Sorted by step count, inactive clients fill the last
+    blocks, which cost (almost) nothing.
+    """
 
     clients: jax.Array  # client ids
     start_index: jax.Array  # row of `start_models` each client starts from (and is pulled to)
+    active: Optional[jax.Array] = None
 
 
 def _sorted_by_steps(steps: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -404,12 +379,16 @@ def _sorted_by_steps(steps: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _training_inputs(training, data, selection, weights, segments, prox_scale):
-    steps = client_num_steps(data.train_counts, training)[selection.clients]
+    steps = client_num_steps(data.train_counts[selection.clients], training)
+    weights = weights.astype(jnp.float32)
+    if selection.active is not None:
+        steps = jnp.where(selection.active, steps, 0)
+        weights = jnp.where(selection.active, weights, 0.0)
     inputs = {
         "client": selection.clients,
         "start": selection.start_index,
         "steps": steps,
-        "weight": weights.astype(jnp.float32),
+        "weight": weights,
         "segment": segments,
         "prox_scale": jnp.broadcast_to(jnp.asarray(prox_scale, jnp.float32), steps.shape),
     }
@@ -417,13 +396,11 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale):
     return jax.tree.map(lambda x: x[order], inputs), inverse
 
 
-def _training_block_fn(training, data, orders, start_models, assign=None):
+def _training_block_fn(training, data, key, start_models, assign=None):
     def one_client(inp, loop_length):
         start = jax.tree.map(lambda m: m[inp["start"]], start_models)
-        offset = data.train_offsets[inp["client"]]
-        count = data.train_counts[inp["client"]]
         trained, loss_sum, taken = local_train(
-            training, data, orders, start, start, offset, count, inp["steps"], loop_length,
+            training, data, key, start, start, inp["client"], inp["steps"], loop_length,
             inp["prox_scale"],
         )
         stats = ClientStats(
@@ -466,7 +443,7 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     return max(int(capacity), 1)
 
 
-def _low_rank_block_fn(training, data, orders, start_models, capacity, assign, sum_in_block):
+def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_in_block):
     """`_training_block_fn` on the factored path. With one start model, one segment and no
     `assign`, the block returns its weighted sum directly and never forms per-client models."""
     layers = training.dense_layers
@@ -474,9 +451,19 @@ def _low_rank_block_fn(training, data, orders, start_models, capacity, assign, s
     start = jax.tree.map(lambda m: m[0], start_models) if shared else start_models
 
     def block_fn(block):
-        result = lowrank.train_block(
-            layers, training.sgd_lr, training.mu, training.batch_size, capacity, data, orders,
-            start, shared, block, jnp.max(block["steps"]),
+        def train(loop_length):
+            return lowrank.train_block(
+                layers, training.sgd_lr, training.mu, training.batch_size, capacity, data, key,
+                start, shared, block, loop_length,
+            )
+
+        loop_length = jnp.max(block["steps"])
+        # A block of clients that take no step (inactive ones, sorted last) skips even the
+        # up-front products: its factors are zeros.
+        result = jax.lax.cond(
+            loop_length > 0, train,
+            lambda _: jax.tree.map(jnp.zeros_like, jax.eval_shape(train, loop_length)),
+            loop_length,
         )
         update_norm, sq_norm = lowrank.update_and_model_norms(
             start, layers, shared, block["start"], result
@@ -499,15 +486,14 @@ def _low_rank_block_fn(training, data, orders, start_models, capacity, assign, s
 
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
                       prox_scale, assign, sum_in_block=False):
-    """The round's epoch orders, the clients' inputs sorted by step count (with the inverse
-    order) and the block function, shared by the collecting and the reducing entry points."""
-    orders = epoch_orders(key, data, num_epochs_needed(data.min_train_count, training))
+    """The clients' inputs sorted by step count (with the inverse order) and the block
+    function, shared by the collecting and the reducing entry points."""
     inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
     capacity = low_rank_capacity(training, data, start_models)
     if capacity is None:
-        block_fn = _training_block_fn(training, data, orders, start_models, assign)
+        block_fn = _training_block_fn(training, data, key, start_models, assign)
     else:
-        block_fn = _low_rank_block_fn(training, data, orders, start_models, capacity, assign,
+        block_fn = _low_rank_block_fn(training, data, key, start_models, capacity, assign,
                                       sum_in_block)
     return inputs, inverse, block_fn
 
@@ -659,6 +645,12 @@ class EvalCounts(NamedTuple):
     false_neg: jax.Array  # [C, num_classes]
 
 
+# Models shared by many clients (one global model, K clusters) are evaluated row chunk by row
+# chunk, each chunk holding rows of one model; above this many models (Local: one per client)
+# each client is evaluated with its own model instead.
+MAX_SHARED_EVAL_MODELS = 64
+
+
 def evaluate_counts(
     apply_fn: ApplyFn,
     data: FederatedData,
@@ -668,13 +660,85 @@ def evaluate_counts(
     eval_batch: int = DEFAULT_EVAL_BATCH,
     split: str = "test",
 ) -> EvalCounts:
-    """Evaluate every client on its own `split` rows with ``models[model_index[i]]``."""
-    x, y = (data.x_test, data.y_test) if split == "test" else (data.x_train, data.y_train)
-    offsets, counts, order = (
-        (data.test_offsets, data.test_counts, data.test_order)
-        if split == "test"
-        else (data.train_offsets, data.train_counts, data.train_order)
+    """Evaluate every client on its own `split` rows with ``models[model_index[i]]``.
+
+    The work is linear in the split's rows: with at most `MAX_SHARED_EVAL_MODELS` models the
+    rows are grouped by their client's model and cut into chunks of `eval_batch` rows of one
+    model each (at most N / eval_batch + M chunks); otherwise clients are evaluated one model
+    each, in blocks of clients with similar row counts.
+    """
+    num_models = jax.tree.leaves(models)[0].shape[0]
+    if num_models <= MAX_SHARED_EVAL_MODELS:
+        return _evaluate_by_model(apply_fn, data, models, model_index, block_size, eval_batch,
+                                  split)
+    return _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_batch, split)
+
+
+def _split_arrays(data: FederatedData, split: str):
+    if split == "test":
+        return (data.x_test, data.y_test, data.test_owner, data.test_offsets, data.test_counts,
+                data.test_order)
+    return (data.x_train, data.y_train, data.train_owner, data.train_offsets, data.train_counts,
+            data.train_order)
+
+
+def _counts_from_rows(owner, labels, pred, loss, valid, num_clients: int, num_classes: int):
+    """Per-client EvalCounts from per-row predictions (rows of owner C, nobody, and invalid
+    rows are left out): scatter-adds, linear in the rows."""
+    owner = jnp.where(valid, owner, num_clients)  # row C of the sums is dropped
+    hit = (pred == labels) & valid
+    size = (num_clients + 1, num_classes)
+    per_class = lambda cls, w: jnp.zeros(size, jnp.float32).at[owner, cls].add(w)[:-1]  # noqa: E731
+    tp = per_class(labels, hit.astype(jnp.float32))
+    predicted = per_class(pred, valid.astype(jnp.float32))
+    actual = per_class(labels, valid.astype(jnp.float32))
+    per_client = lambda w: jnp.zeros((num_clients + 1,), jnp.float32).at[owner].add(w)[:-1]  # noqa: E731
+    return EvalCounts(
+        loss_sum=per_client(jnp.where(valid, loss, 0.0)),
+        correct=per_client(hit.astype(jnp.float32)),
+        true_pos=tp,
+        false_pos=predicted - tp,
+        false_neg=actual - tp,
     )
+
+
+def _evaluate_by_model(apply_fn, data, models, model_index, block_size, chunk, split):
+    x, y, owner, _, _, _ = _split_arrays(data, split)
+    num_rows, c = y.shape[0], data.num_clients
+    num_models = jax.tree.leaves(models)[0].shape[0]
+    held = owner < c
+    row_model = jnp.where(held, model_index[jnp.minimum(owner, c - 1)], num_models)
+    by_model = jnp.argsort(row_model, stable=True).astype(jnp.int32)  # rows of model m together
+    rows_per_model = jnp.zeros((num_models + 1,), jnp.int32).at[row_model].add(1)[:num_models]
+    chunks_per_model = ceil_div(rows_per_model, chunk)
+    chunk_end = jnp.cumsum(chunks_per_model)  # [M] chunks up to and including model m
+    row_start = jnp.cumsum(rows_per_model) - rows_per_model
+    num_chunks = num_rows // chunk + num_models + 1  # static bound on the chunks needed
+    j = jnp.arange(num_chunks, dtype=jnp.int32)
+    model_of = jnp.minimum(jnp.searchsorted(chunk_end, j, side="right"), num_models - 1)
+    local = j - (chunk_end[model_of] - chunks_per_model[model_of])
+    inputs = {
+        "model": model_of.astype(jnp.int32),
+        "start": row_start[model_of] + local * chunk,
+        "count": jnp.clip(rows_per_model[model_of] - local * chunk, 0, chunk),
+    }
+
+    def one_chunk(inp):
+        params = jax.tree.map(lambda m: m[inp["model"]], models)
+        positions = inp["start"] + jnp.arange(chunk, dtype=jnp.int32)
+        rows = by_model[jnp.minimum(positions, num_rows - 1)]
+        logits = apply_fn(params, x[rows])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y[rows])
+        valid = jnp.arange(chunk) < inp["count"]
+        return rows, jnp.argmax(logits, -1).astype(jnp.int32), loss, valid
+
+    rows, pred, loss, valid = map_blocks(jax.vmap(one_chunk), inputs, block_size)
+    rows, pred, loss, valid = (a.reshape(-1) for a in (rows, pred, loss, valid))
+    return _counts_from_rows(owner[rows], y[rows], pred, loss, valid, c, data.num_classes)
+
+
+def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_batch, split):
+    x, y, _, offsets, counts, order = _split_arrays(data, split)
     nc = data.num_classes
 
     def one_client(inp, loop_length):
@@ -702,16 +766,18 @@ def evaluate_counts(
         zeros = jnp.zeros((nc,), jnp.float32)
         return jax.lax.fori_loop(0, loop_length, body, EvalCounts(zero, zero, zeros, zeros, zeros))
 
+    chunks = ceil_div(counts, eval_batch)
+    order_by_size, inverse = _sorted_by_steps(chunks)  # blocks of clients of similar sizes
     inputs = {
-        "client": jnp.arange(data.num_clients, dtype=jnp.int32),
-        "model": model_index.astype(jnp.int32),
-        "chunks": ceil_div(counts, eval_batch),
+        "client": jnp.arange(data.num_clients, dtype=jnp.int32)[order_by_size],
+        "model": model_index.astype(jnp.int32)[order_by_size],
+        "chunks": chunks[order_by_size],
     }
 
     def block_fn(block):
         return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
 
-    return map_blocks(block_fn, inputs, block_size)
+    return jax.tree.map(lambda a: a[inverse], map_blocks(block_fn, inputs, block_size))
 
 
 def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None,

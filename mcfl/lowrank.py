@@ -83,7 +83,7 @@ def train_block(
     batch: int,
     capacity: int,
     data,
-    orders: jax.Array,
+    key: jax.Array,
     start: PyTree,
     shared_start: bool,
     block: dict,
@@ -130,7 +130,7 @@ def train_block(
 
     # Every row each client visits, step after step: [b, R] (R = capacity * batch).
     rows, mask = jax.vmap(
-        lambda c: visit_rows(data, orders, c, capacity, batch)
+        lambda c: visit_rows(data, key, c, capacity, batch)
     )(block["client"])
     x = data.x_train[rows.reshape(-1)]
     x = x.reshape((size, rows_cap, -1)).astype(jnp.float32)
@@ -250,12 +250,11 @@ def train_block(
     return LowRankClient(*carry)
 
 
-def visit_rows(data, orders: jax.Array, client, capacity: int, batch: int):
-    """[capacity * batch] rows client `client` visits in its first `capacity` steps, in order,
-    and the mask of real ones (`batch_rule.step_rows` of each step)."""
-    offset, count = data.train_offsets[client], data.train_counts[client]
+def visit_rows(data, key: jax.Array, client, capacity: int, batch: int):
+    """[capacity * batch] rows client `client` visits in its first `capacity` steps of the
+    round keyed `key`, in order, and the mask of real ones (`batch_rule.step_rows`)."""
     steps = jnp.arange(capacity, dtype=jnp.int32)
-    rows, mask = jax.vmap(lambda s: step_rows(orders, offset, count, s, batch))(steps)
+    rows, mask = jax.vmap(lambda s: step_rows(key, data, client, s, batch))(steps)
     return rows.reshape(-1), mask.reshape(-1)
 
 

@@ -42,16 +42,21 @@ ROUND_COLUMNS = (
 
 
 class RoundWriter:
-    """Appends one row of rounds.csv per round and flushes it, so a crash keeps the rows."""
+    """Appends one row of rounds.csv per round and flushes it, so a crash keeps the rows.
 
-    def __init__(self, out_dir: Path):
+    The columns are `ROUND_COLUMNS`, then the first row's other keys, then `later_columns`:
+    keys only later rows have (evaluated rounds' cluster metrics)."""
+
+    def __init__(self, out_dir: Path, later_columns: tuple[str, ...] = ()):
         out_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(out_dir / "rounds.csv", "w", newline="")
         self._writer: Optional[csv.DictWriter] = None
+        self._later = later_columns
 
     def append(self, row: dict[str, Any]) -> None:
         if self._writer is None:
             extra = [k for k in row if k not in ROUND_COLUMNS]
+            extra += [k for k in self._later if k not in extra and k not in ROUND_COLUMNS]
             self._writer = csv.DictWriter(self._file, fieldnames=list(ROUND_COLUMNS) + extra)
             self._writer.writeheader()
         self._writer.writerow(row)
@@ -62,7 +67,8 @@ class RoundWriter:
 
 
 def write_rounds(out_dir: Path, rows: list[dict[str, Any]]) -> None:
-    writer = RoundWriter(out_dir)
+    later = tuple(dict.fromkeys(k for row in rows for k in row))
+    writer = RoundWriter(out_dir, later)
     for row in rows:
         writer.append(row)
     writer.close()

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -42,7 +43,9 @@ class RunResult:
     rounds: list[dict[str, Any]]
     clients: list[dict[str, Any]]
     state: Any
-    assignments: Optional[np.ndarray] = None  # [rounds, C] cluster of every client per round
+    # [E, C] cluster of every client after each evaluated round, and those rounds [E]
+    assignments: Optional[np.ndarray] = None
+    assignment_rounds: Optional[np.ndarray] = None
 
     def write(self, out_dir) -> Path:
         """Write summary.json, rounds.csv, clients.csv and curves.png under `out_dir`."""
@@ -53,17 +56,7 @@ def evaluate(
     algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn, block_size: int
 ):
     """Per-client test metrics of the models `algorithm` assigns to each client."""
-    models, index = algorithm.client_models(state)
-    if index is None:
-        index = jnp.zeros((dataset.num_clients,), jnp.int32)
-    data = dataset.arrays if algorithm.view is None else algorithm.view(state, dataset.arrays)
-    counts = _evaluate_jit(apply_fn, data, models, index, block_size)
-    return client_metrics(jax.device_get(counts), np.asarray(data.test_counts))
-
-
-@jax.jit(static_argnums=(0, 4))
-def _evaluate_jit(apply_fn, data, models, index, block_size):
-    return engine.evaluate_counts(apply_fn, data, models, index, block_size)
+    return Evaluator(algorithm, apply_fn, block_size)(state, dataset)
 
 
 def run(
@@ -131,23 +124,35 @@ def _run(
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 
     state = jax.jit(algorithm.init)(data, init_key)
-    advance = _round_advancer(algorithm, config.scan_rounds)
+    rounds = RoundRunner(algorithm, config.scan_rounds)
+    evaluator = Evaluator(algorithm, model.apply, eval_block)
     chunks = round_chunks(config.rounds, config.eval_every, config.scan_rounds)
-    writer = output.RoundWriter(Path(out_dir)) if out_dir is not None else None
+    later = ()
+    if algorithm.assignments is not None:  # cluster metrics arrive with evaluated rounds
+        later = ("cluster_sizes",) + (("cluster_ari", "cluster_nmi")
+                                      if dataset.true_cluster is not None else ())
+    writer = output.RoundWriter(Path(out_dir), later) if out_dir is not None else None
     rows: list[dict[str, Any]] = []
-    assignments: list[np.ndarray] = []
+    evaluated_assignments: list[np.ndarray] = []
+    assignment_rounds: list[int] = []
     round_seconds: list[float] = []
-    compiled_lengths: set[int] = set()
-    steady_seconds: list[float] = []  # rounds whose host call did not compile
     comm_total = 0
     metrics = None
+    # Compile every program the run needs before the first round (from JAX's persistent cache
+    # when it holds them), so that round times are training alone.
+    compile_start = time.perf_counter()
+    for count in sorted({count for _, count in chunks}):
+        rounds.compile(state, data, rounds_key, count)
+    evaluator.compile(state, dataset)
+    compile_seconds = time.perf_counter() - compile_start
 
     def summary_with(status: str) -> dict[str, Any]:
-        summary = _summary(config, dataset, rows, round_seconds, steady_seconds, started,
-                           params_count, per_round, block_size, status)
-        return {**summary, "low_rank": low_rank, "devices": engine.client_shards()}
+        summary = _summary(config, dataset, rows, round_seconds, started, params_count,
+                           per_round, block_size, status)
+        return {**summary, "compile_seconds": compile_seconds, "low_rank": low_rank,
+                "devices": engine.client_shards()}
 
-    # Profile the first host calls after compilation: rounds 2-3, or the second scanned chunk.
+    # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
     last = len(chunks) - 1
     profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
     profiled = profiled if profile_dir else range(0)
@@ -158,11 +163,8 @@ def _run(
                 jax.profiler.start_trace(str(profile_dir))
                 tracing = True
             t0 = time.perf_counter()
-            new_state, chunk_metrics, chunk_assignments = advance(state, data, rounds_key,
-                                                                  first, count)
+            state, chunk_metrics = rounds.run(state, data, rounds_key, first, count)
             seconds = (time.perf_counter() - t0) / count
-            compiling = count not in compiled_lengths
-            compiled_lengths.add(count)
             for i in range(count):
                 r = first + i
                 row = {"round": r, **{k: float(v[i]) for k, v in chunk_metrics.items()},
@@ -173,17 +175,16 @@ def _run(
                         f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
                     )
                 round_seconds.append(seconds)
-                if not compiling:
-                    steady_seconds.append(seconds)
                 comm_total += add_communication(row, params_count, comm_total)
-                if chunk_assignments is not None:
-                    assignments.append(chunk_assignments[i])
-                    row.update(cluster_metrics(chunk_assignments[i], dataset.true_cluster))
-                if i == count - 1:
-                    state = new_state
-                    if r % config.eval_every == 0 or r == config.rounds:
-                        metrics = evaluate(algorithm, state, dataset, model.apply, eval_block)
-                        row.update(aggregate(metrics))
+                if i == count - 1 and (r % config.eval_every == 0 or r == config.rounds):
+                    # Population-wide work (evaluation, cluster recovery) only here.
+                    metrics = evaluator(state, dataset)
+                    row.update(aggregate(metrics))
+                    if algorithm.assignments is not None:
+                        assigned = np.asarray(jax.device_get(algorithm.assignments(state)))
+                        evaluated_assignments.append(assigned)
+                        assignment_rounds.append(r)
+                        row.update(cluster_metrics(assigned, dataset.true_cluster))
                 rows.append(row)
                 if writer is not None:
                     writer.append(row)
@@ -203,15 +204,17 @@ def _run(
             writer.close()
 
     summary = summary_with("completed")
-    final_assignment = assignments[-1] if assignments else None
+    final_assignment = evaluated_assignments[-1] if evaluated_assignments else None
     clients = _client_rows(dataset, metrics, final_assignment)
-    stacked = np.stack(assignments) if assignments else None
-    result = RunResult(config, summary, rows, clients, state, stacked)
+    stacked = np.stack(evaluated_assignments) if evaluated_assignments else None
+    result = RunResult(config, summary, rows, clients, state, stacked,
+                       np.asarray(assignment_rounds) if stacked is not None else None)
     if out_dir is not None:
         output.write_summary(Path(out_dir), summary)
         output.write_clients(Path(out_dir), clients)
         if stacked is not None:
-            np.save(Path(out_dir) / "assignments.npy", stacked)
+            np.savez(Path(out_dir) / "assignments.npz", rounds=result.assignment_rounds,
+                     assignments=stacked)
         output.plot_curves(Path(out_dir) / "curves.png", rows, title=_title(config))
     return result
 
@@ -230,34 +233,77 @@ def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int,
     return chunks
 
 
-def _round_advancer(algorithm, scanned: bool):
-    """A function (state, data, rounds_key, first, count) -> (state, metrics, assignments) that
-    runs `count` rounds; metrics are NumPy arrays [count] and assignments [count, C] (None
-    for algorithms without clusters). Scanned, the rounds run as one `lax.scan` on the device
-    (`scan_rounds`); otherwise one jitted round per call."""
-    record = algorithm.assignments
-    if scanned:
-        chunk = jax.jit(functools.partial(scan_rounds, algorithm, record=record),
-                        static_argnums=(4,))
+def _one_round(algorithm, state, data, rounds_key, r):
+    """Round `r`, keyed ``fold_in(rounds_key, r)`` (as `scan_rounds` keys it); metrics [1]."""
+    state, metrics = algorithm.round(state, data, jax.random.fold_in(rounds_key, r))
+    return state, jax.tree.map(lambda m: m[None], metrics)
 
-        def advance(state, data, rounds_key, first, count):
-            state, out = chunk(state, data, rounds_key, first, count)
-            metrics, assigned = out if record is not None else (out, None)
-            metrics, assigned = jax.device_get((metrics, assigned))
-            return state, metrics, None if assigned is None else np.asarray(assigned)
 
-        return advance
+class RoundRunner:
+    """Runs `count` rounds from `first` as one host call, on programs compiled ahead of time:
+    one jitted round, or (`scanned`) the rounds as one `lax.scan` (`scan_rounds`), compiled
+    once per chunk length. The state is donated, so an algorithm that updates part of a large
+    state (Local's [C, ...] models) does it in place instead of copying it every round."""
 
-    round_fn = jax.jit(algorithm.round)
+    def __init__(self, algorithm: FederatedAlgorithm, scanned: bool):
+        if scanned:
+            self._fn = jax.jit(functools.partial(scan_rounds, algorithm), static_argnums=(4,),
+                               donate_argnums=(0,))
+        else:
+            self._fn = jax.jit(functools.partial(_one_round, algorithm), donate_argnums=(0,))
+        self._scanned = scanned
+        self._compiled: dict[int, Any] = {}
 
-    def advance(state, data, rounds_key, first, count):
-        assert count == 1
-        state, metrics = round_fn(state, data, jax.random.fold_in(rounds_key, first))
-        metrics = {k: np.asarray(v)[None] for k, v in jax.device_get(metrics).items()}
-        assigned = None if record is None else np.asarray(jax.device_get(record(state)))[None]
-        return state, metrics, assigned
+    def _args(self, state, data, rounds_key, first, count):
+        first = jnp.asarray(first, jnp.int32)
+        return (state, data, rounds_key, first, count) if self._scanned else (
+            state, data, rounds_key, first)
 
-    return advance
+    def compile(self, state, data, rounds_key, count: int) -> None:
+        if count not in self._compiled:
+            lowered = self._fn.lower(*self._args(state, data, rounds_key, 1, count))
+            self._compiled[count] = lowered.compile()
+
+    def run(self, state, data, rounds_key, first: int, count: int):
+        """(new state, metrics as NumPy arrays [count])."""
+        self.compile(state, data, rounds_key, count)
+        args = self._args(state, data, rounds_key, first, count)
+        if self._scanned:
+            args = args[:-1]  # the count is static: part of the compiled program
+        with warnings.catch_warnings():
+            # Buffers of state parts an algorithm rebuilds cannot be reused; that is fine.
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            state, metrics = self._compiled[count](*args)
+        return state, jax.device_get(metrics)
+
+
+class Evaluator:
+    """Per-client test metrics of the models the algorithm assigns to each client, on a
+    program compiled once."""
+
+    def __init__(self, algorithm: FederatedAlgorithm, apply_fn, block_size: int):
+        self._algorithm = algorithm
+        self._fn = jax.jit(functools.partial(_evaluation_counts, algorithm, apply_fn,
+                                             block_size))
+        self._compiled = None
+
+    def compile(self, state, dataset: FederatedDataset) -> None:
+        if self._compiled is None:
+            self._compiled = self._fn.lower(state, dataset.arrays).compile()
+
+    def __call__(self, state, dataset: FederatedDataset):
+        self.compile(state, dataset)
+        counts, test_counts = jax.device_get(self._compiled(state, dataset.arrays))
+        return client_metrics(counts, np.asarray(test_counts))
+
+
+def _evaluation_counts(algorithm, apply_fn, block_size, state, data):
+    models, index = algorithm.client_models(state)
+    if index is None:
+        index = jnp.zeros((data.num_clients,), jnp.int32)
+    if algorithm.view is not None:
+        data = algorithm.view(state, data)
+    return engine.evaluate_counts(apply_fn, data, models, index, block_size), data.test_counts
 
 
 def _title(config: RunConfig) -> str:
@@ -265,8 +311,7 @@ def _title(config: RunConfig) -> str:
 
 
 def _summary(
-    config, dataset, rows, round_seconds, steady_seconds, started, params_count, per_round,
-    block_size, status
+    config, dataset, rows, round_seconds, started, params_count, per_round, block_size, status
 ) -> dict[str, Any]:
     evaluated = [row for row in rows if "accuracy_micro" in row]
     summary: dict[str, Any] = {
@@ -297,8 +342,9 @@ def _summary(
         if rows and key in rows[-1]:
             summary[key] = rows[-1][key]
     summary["wall_seconds"] = time.perf_counter() - started
-    # Host calls that compiled (round 1; scanned: each new chunk length) are left out.
-    steady = steady_seconds or round_seconds
+    # Programs are compiled before round 1 (compile_seconds); round 1 still pays first-touch
+    # costs (allocations), so the steady figure is the mean of the later rounds.
+    steady = round_seconds[1:] or round_seconds
     summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
     summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
     return summary

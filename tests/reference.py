@@ -1,8 +1,9 @@
 """A plain per-client Python loop, the reference the vectorised engine must agree with.
 
 It follows the engine's documented batch rule (step s of a client with n rows uses batch
-``s % ceil(n/B)`` of epoch ``s // ceil(n/B)`` of `epoch_orders`) with one jitted gradient step
-per call and no vmap, blocks, masks or sorting.
+``s % ceil(n/B)`` of epoch ``s // ceil(n/B)``, whose order is `batch_rule.epoch_positions`, the
+whole permutation computed at once) with one jitted gradient step per call and no vmap,
+blocks, masks or sorting.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mcfl.engine import LocalTraining, epoch_orders, num_epochs_needed
+from mcfl.batch_rule import epoch_positions
+from mcfl.engine import LocalTraining
 
 
-def reference_local_train(training: LocalTraining, data, orders, params, client: int):
+def reference_local_train(training: LocalTraining, data, round_key, params, client: int):
     offset = int(data.train_offsets[client])
     n = int(data.train_counts[client])
     B = training.batch_size
@@ -39,10 +41,13 @@ def reference_local_train(training: LocalTraining, data, orders, params, client:
         updates, opt_state = training.optimizer.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state
 
+    orders = {}
     for s in range(steps):
         epoch, b = divmod(s, steps_per_epoch)
+        if epoch not in orders:
+            orders[epoch] = np.asarray(epoch_positions(round_key, client, epoch, n))
         pos = np.arange(b * B, min((b + 1) * B, n))  # a partial last batch, not masked
-        rows = np.asarray(orders[epoch, offset + pos])
+        rows = np.asarray(data.train_order)[offset + orders[epoch][pos]]
         params, opt_state = step(params, opt_state, data.x_train[rows], data.y_train[rows])
     return params, steps
 
@@ -54,10 +59,9 @@ def reference_fedavg_round(training, data, params, round_key, clients_per_round:
 
     sample_key, train_key = jax.random.split(round_key)
     clients = sample_clients(sample_key, data.num_clients, clients_per_round)
-    orders = epoch_orders(train_key, data, num_epochs_needed(data.min_train_count, training))
     models, weights = [], []
     for c in np.asarray(clients):
-        trained, _ = reference_local_train(training, data, orders, params, int(c))
+        trained, _ = reference_local_train(training, data, train_key, params, int(c))
         models.append(trained)
         weights.append(float(data.train_counts[c]))
     w = np.asarray(weights) / np.sum(weights)

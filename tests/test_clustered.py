@@ -14,14 +14,13 @@ from sklearn.metrics import adjusted_rand_score
 
 import mcfl
 from mcfl.algorithms import cfl, fedavg, fesem, ifca
-from mcfl.algorithms.clustered import ClusterState, intra_cluster_distance
+from mcfl.algorithms.clustered import ClusterState, cluster_sizes, intra_cluster_distance
 from mcfl.data import partition_arrays
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.spec import parse_partition
 from mcfl.engine import (
     ClientStats,
     LocalTraining,
-    epoch_orders,
     nearest_models,
     tree_dots,
 )
@@ -82,14 +81,13 @@ def test_fesem_round_matches_per_client_loop():
     algorithm = fesem(model, training, 6, 3, num_clusters=3, lam=lam, restarts=2)
     keys = jax.random.split(jax.random.key(5), 3)
     centers = jax.vmap(model.init)(keys)
-    state = ClusterState(centers, jnp.array([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32),
-                         jnp.ones(3, bool), jnp.zeros((), jnp.int32))
+    state = ClusterState.create(centers, jnp.array([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32),
+                                jnp.ones(3, bool))
     key = jax.random.key(9)
     new_state, metrics = jax.jit(algorithm.round)(state, data, key)
 
     sample_key, train_key = jax.random.split(key)
     clients = np.asarray(sample_clients(sample_key, 8, 6))
-    orders = epoch_orders(train_key, data, 2)
     counts = np.asarray(data.train_counts, np.float64)
     flat = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])  # noqa: E731
     old = [jax.tree.map(lambda m, k=k: m[k], centers) for k in range(3)]
@@ -97,7 +95,7 @@ def test_fesem_round_matches_per_client_loop():
     for c in clients:
         mu = 2 * lam * counts.mean() / counts[c]
         start = old[int(state.assignment[c])]
-        trained, _ = reference_local_train(training._replace(mu=mu), data, orders, start, int(c))
+        trained, _ = reference_local_train(training._replace(mu=mu), data, train_key, start, int(c))
         k = int(np.argmin([np.sum((flat(trained) - flat(o)) ** 2) for o in old]))
         members[k].append(trained)
         assigned[int(c)] = k
@@ -128,7 +126,6 @@ def test_ifca_round_matches_per_client_loop():
 
     sample_key, train_key = jax.random.split(key)
     clients = np.asarray(sample_clients(sample_key, 6, 5))
-    orders = epoch_orders(train_key, data, 1)
     models = [jax.tree.map(lambda m, k=k: m[k], state.models) for k in range(3)]
     x, y = np.asarray(data.x_train), np.asarray(data.y_train)
     off, cnt = np.asarray(data.train_offsets), np.asarray(data.train_counts)
@@ -139,7 +136,7 @@ def test_ifca_round_matches_per_client_loop():
             model.apply(m, x[rows]), y[rows]))) for m in models]
         k = int(np.argmin(losses))
         assert int(new_state.assignment[c]) == k
-        trained, _ = reference_local_train(training, data, orders, models[k], int(c))
+        trained, _ = reference_local_train(training, data, train_key, models[k], int(c))
         groups[k].append((cnt[c], trained))
     for k in range(3):
         got = jax.tree.map(lambda m, k=k: m[k], new_state.models)
@@ -190,7 +187,7 @@ def test_no_recompile_when_clusters_empty_or_resize(planted, name):
     seen = set()
     for r, assignment in enumerate([None, everyone_in_0, None, none_in_0, None]):
         if assignment is not None:
-            state = state.replace(assignment=assignment)
+            state = state.replace(assignment=assignment, sizes=cluster_sizes(assignment, 7))
         state, metrics = step(state, data, jax.random.key(r))
         assert np.isfinite(metrics["train_loss"])
         seen.add(tuple(np.bincount(np.asarray(state.assignment), minlength=7)))
@@ -237,10 +234,15 @@ def test_run_reports_clusters(planted, tmp_path):
                                      clients_per_round=1.0, eval_every=2, lr=0.05),
                       dataset=planted, out_dir=tmp_path)
     assert "cluster_ari" in result.summary and "cluster_nmi" in result.summary
-    assert result.assignments.shape == (2, 200)
+    # Assignments and cluster recovery are recorded on evaluated rounds only (round 2 here).
+    assert result.assignments.shape == (1, 200) and result.assignment_rounds.tolist() == [2]
+    assert "cluster_ari" not in result.rounds[0] and "cluster_ari" in result.rounds[1]
     assert {"cluster", "true_cluster"} <= set(result.clients[0])
-    assert (tmp_path / "assignments.npy").is_file()
+    saved = np.load(tmp_path / "assignments.npz")
+    np.testing.assert_array_equal(saved["assignments"], result.assignments)
     assert sum(int(n) for n in result.rounds[-1]["cluster_sizes"].split()) == 200
+    sizes = np.bincount(result.assignments[-1], minlength=4)
+    assert result.rounds[-1]["num_clusters"] == np.sum(sizes > 0)
 
 
 def test_last_layer_features_pick_the_last_dense_kernel():

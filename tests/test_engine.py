@@ -13,12 +13,12 @@ from reference import reference_fedavg_round, reference_local_train
 
 from mcfl.algorithms import fedavg, fedsgd, local
 from mcfl.algorithms.fedavg import GlobalModelState
+from mcfl.batch_rule import epoch_positions, step_rows
 from mcfl.data.federated import from_splits
 from mcfl.engine import (
     LocalTraining,
     RoundClients,
     client_num_steps,
-    epoch_orders,
     reduce_blocks,
     train_and_collect,
 )
@@ -38,21 +38,62 @@ def _training(model, mu=0.0, **kw):
     return LocalTraining(model.apply, optax.sgd(0.05), mu=mu, **kw)
 
 
-def test_epoch_orders_permute_each_client_and_ignore_other_clients(ragged):
+def test_each_epoch_permutes_each_client_and_ignores_other_clients(ragged):
+    """The rows a client's steps read over an epoch are each of its rows exactly once, in a
+    fresh order every epoch, drawn from its own key: resizing another client changes nothing,
+    and the engine's step rule reads exactly `epoch_positions`."""
     data = ragged.arrays
-    orders = np.asarray(epoch_orders(jax.random.key(1), data, 3))
+    key = jax.random.key(1)
     offsets, counts = np.asarray(data.train_offsets), np.asarray(data.train_counts)
-    for e in range(3):
-        for off, n in zip(offsets, counts):
-            np.testing.assert_array_equal(
-                np.sort(orders[e, off : off + n]), np.arange(off, off + n)
-            )
-    big = slice(offsets[1], offsets[1] + counts[1])
-    assert not np.array_equal(orders[0, big], orders[1, big])  # a fresh order every epoch
-    # Client 1's order depends on its own key only: resize client 2 and it is unchanged.
+    rows_of = jax.jit(lambda d, c, s: step_rows(key, d, c, s, 10))
+    for client in (0, 1, 4):
+        n = int(counts[client])
+        steps_per_epoch = -(-n // 10)
+        for epoch in range(2):
+            read = []
+            for s in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
+                rows, mask = rows_of(data, client, s)
+                read += np.asarray(rows)[np.asarray(mask)].tolist()
+            np.testing.assert_array_equal(np.sort(read), offsets[client] + np.arange(n))
+            positions = np.asarray(epoch_positions(key, client, epoch, n))
+            np.testing.assert_array_equal(read, offsets[client] + positions)
+    first = np.asarray(epoch_positions(key, 1, 0, 300))
+    assert not np.array_equal(first, np.asarray(epoch_positions(key, 1, 1, 300)))
+    # Client 1's batches depend on its own key only: resize client 2 and they are unchanged.
     other = ragged_dataset([3, 300, 5, 40, 9, 64]).arrays
-    orders2 = np.asarray(epoch_orders(jax.random.key(1), other, 3))
-    np.testing.assert_array_equal(orders[:, big] - offsets[1], orders2[:, big] - offsets[1])
+    for s in (0, 7, 31):
+        a, _ = rows_of(data, 1, s)
+        b, _ = rows_of(other, 1, s)
+        np.testing.assert_array_equal(np.asarray(a) - offsets[1],
+                                      np.asarray(b) - int(other.train_offsets[1]))
+
+
+def test_training_a_fixed_selection_does_not_depend_on_the_population():
+    """The same 3 clients with the same keys train to the same models whether the dataset holds
+    100 or 10,000 other clients: a round touches its own clients' rows only."""
+    def with_others(num_others):
+        rng = np.random.default_rng(0)
+        mine = ragged_dataset([23, 7, 41], seed=3)
+        sizes = np.concatenate([np.asarray(mine.train_counts()), rng.integers(1, 6, num_others)])
+        big = ragged_dataset(sizes, seed=4)
+        # put the three clients' own rows in place of the generated ones
+        x = np.asarray(big.arrays.x_train).copy()
+        y = np.asarray(big.arrays.y_train).copy()
+        n = int(mine.train_counts().sum())
+        x[:n], y[:n] = np.asarray(mine.arrays.x_train), np.asarray(mine.arrays.y_train)
+        return big.arrays.replace(x_train=jnp.asarray(x), y_train=jnp.asarray(y))
+
+    model = make_model("mclr", (5,), 3)
+    training = _training(model)
+    params = jax.tree.map(lambda p: p[None], model.init(jax.random.key(0)))
+    clients = jnp.arange(3, dtype=jnp.int32)
+    results = []
+    for num_others in (100, 10_000):
+        models, stats = train_and_collect(training, with_others(num_others), jax.random.key(2),
+                                          params, RoundClients(clients, jnp.zeros_like(clients)),
+                                          block_size=2)
+        results.append((models, stats.steps))
+    chex.assert_trees_all_equal(results[0], results[1])
 
 
 def test_each_client_trains_exactly_its_own_steps(ragged):
@@ -74,9 +115,8 @@ def test_each_client_trains_exactly_its_own_steps(ragged):
     expected = [2 * -(-n // 10) for n in SIZES]
     np.testing.assert_array_equal(stats.steps, expected)
     np.testing.assert_array_equal(client_num_steps(data.train_counts, training), expected)
-    orders = epoch_orders(key, data, 2)
     for c in (0, 1):  # the 3-sample and the 300-sample client
-        ref, steps = reference_local_train(training, data, orders, params, c)
+        ref, steps = reference_local_train(training, data, key, params, c)
         assert steps == expected[c]
         chex.assert_trees_all_close(jax.tree.map(lambda m, c=c: m[c], models), ref, atol=1e-5)
 
@@ -110,12 +150,11 @@ def test_local_with_fixed_steps_matches_per_client_loop(ragged):
 
     sample_key, train_key = jax.random.split(key)
     clients = np.asarray(sample_clients(sample_key, 6, 4))
-    orders = epoch_orders(train_key, data, 5)
     init = jax.tree.map(lambda p: p[0], state.params)
     for c in range(6):
         got = jax.tree.map(lambda p, c=c: p[c], new_state.params)
         if c in clients:
-            want, _ = reference_local_train(training, data, orders, init, c)
+            want, _ = reference_local_train(training, data, train_key, init, c)
         else:
             want = init  # not sampled: untouched
         chex.assert_trees_all_close(got, want, atol=1e-5)

@@ -14,11 +14,12 @@ from reference import reference_fedavg_round
 
 import mcfl
 from mcfl.algorithms import fedavg
+from mcfl.batch_rule import step_rows
 from mcfl.data.federated import from_splits
-from mcfl.engine import LocalTraining, epoch_orders, evaluate_counts
+from mcfl.engine import LocalTraining, evaluate_counts
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.shift import ShiftState, view, with_shift
+from mcfl.shift import view_with_owners, with_shift
 
 
 def _rows_of(data, client, split="train"):
@@ -49,12 +50,19 @@ def test_swap_all_swaps_every_row_of_two_clients():
         np.testing.assert_array_equal(_rows_of(shifted, a, split), _rows_of(data, b, split))
         np.testing.assert_array_equal(_rows_of(shifted, b, split), _rows_of(data, a, split))
     assert metrics["shifted_rows"] == int(data.train_counts[a] + data.train_counts[b])
-    # The shuffled epoch orders group exactly the rows each client holds in the view.
-    orders = np.asarray(epoch_orders(jax.random.key(5), shifted, 2))
+    # An epoch of a client's steps reads exactly the rows it holds in the view; its label
+    # counts follow the rows.
+    rows_of = jax.jit(lambda c, s: step_rows(jax.random.key(5), shifted, c, s, 10))
     for c in range(6):
-        off, cnt = int(shifted.train_offsets[c]), int(shifted.train_counts[c])
-        for e in range(2):
-            np.testing.assert_array_equal(np.sort(orders[e, off:off + cnt]), _rows_of(shifted, c))
+        cnt = int(shifted.train_counts[c])
+        read = []
+        for s in range(-(-cnt // 10)):
+            rows, mask = rows_of(c, s)
+            read += np.asarray(rows)[np.asarray(mask)].tolist()
+        np.testing.assert_array_equal(np.sort(read), _rows_of(shifted, c))
+        np.testing.assert_array_equal(
+            np.asarray(shifted.train_label_counts[c]),
+            np.bincount(np.asarray(data.y_train)[_rows_of(shifted, c)], minlength=3))
 
 
 def test_swap_part_trades_one_unshared_label():
@@ -98,8 +106,7 @@ def test_training_on_a_shifted_view_matches_the_per_client_loop():
     model, training, _ = _algorithm(dataset, "none")
     owner = np.asarray(data.train_owner)
     swapped = np.where(owner == 1, 5, np.where(owner == 5, 1, owner))
-    shifted = view(data, ShiftState(jnp.asarray(swapped, jnp.int32), data.test_owner,
-                                    jnp.zeros((), jnp.int32)))
+    shifted = view_with_owners(data, swapped, data.test_owner)
     algorithm = fedavg(model, training, 5, 3)
     state = algorithm.init(shifted, jax.random.key(0))
     key = jax.random.key(7)
@@ -109,11 +116,10 @@ def test_training_on_a_shifted_view_matches_the_per_client_loop():
     # Evaluation follows the view too: client 1 now scores exactly what client 5 did.
     params = jax.tree.map(lambda p: p[None], state.params)
     before = evaluate_counts(model.apply, data, params, jnp.zeros(6, jnp.int32), 3)
-    after = evaluate_counts(model.apply, view(data, ShiftState(
-        jnp.asarray(swapped, jnp.int32), jnp.asarray(np.where(
-            np.asarray(data.test_owner) == 1, 5,
-            np.where(np.asarray(data.test_owner) == 5, 1, np.asarray(data.test_owner))),
-            jnp.int32), jnp.zeros((), jnp.int32))), params, jnp.zeros(6, jnp.int32), 3)
+    test_owner = np.asarray(data.test_owner)
+    swapped_test = np.where(test_owner == 1, 5, np.where(test_owner == 5, 1, test_owner))
+    after = evaluate_counts(model.apply, view_with_owners(data, swapped, swapped_test), params,
+                            jnp.zeros(6, jnp.int32), 3)
     assert float(after.correct[1]) == float(before.correct[5])
 
 

@@ -32,6 +32,7 @@ import workload as wl  # noqa: E402
 
 from mcfl import engine  # noqa: E402
 from mcfl.algorithms import build_algorithm, local_training  # noqa: E402
+from mcfl.batch_rule import epoch_positions  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
@@ -68,10 +69,11 @@ class McflRunner:
                                 local_steps=5, clients_per_round=1.0, low_rank=args.low_rank)
         model = make_model("mlp", (784,), 10, (200, 200))
         self.rounds_key = jax.random.split(jax.random.key(0))[1]
-        dataset = federated(work.x, work.y)
         training_key = jax.random.split(jax.random.fold_in(self.rounds_key, 1))[1]
-        orders = np.asarray(engine.epoch_orders(training_key, dataset.arrays, 1)[0])
-        # Row k of client i goes where round 1 reads client i's k-th row.
+        # Row k of client i goes where round 1 reads client i's k-th row (epoch 0's order).
+        positions = jax.vmap(lambda i: epoch_positions(training_key, i, 0, ROWS))(
+            jnp.arange(c, dtype=jnp.int32))
+        orders = np.asarray(positions + ROWS * jnp.arange(c)[:, None]).reshape(-1)
         x = np.empty_like(work.x.reshape(-1, 784))
         y = np.empty_like(work.y.reshape(-1))
         x[orders] = work.x.reshape(-1, 784)

@@ -24,6 +24,7 @@ from mcfl.algorithms.clustered import (
     cluster_count,
     clustered_algorithm,
     flat_models,
+    reassign,
 )
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
@@ -47,8 +48,7 @@ def cfl(
     def init(data, key):
         models = stack(model.init(key), max_clusters)
         active = jnp.zeros((max_clusters,), bool).at[0].set(True)
-        return ClusterState(models, jnp.zeros((data.num_clients,), jnp.int32), active,
-                            jnp.zeros((), jnp.int32))
+        return ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
 
     def split_clusters(state, start, updates, weights):
         """Bipartition every eligible cluster; returns new member clusters [S] and `active`."""
@@ -99,14 +99,14 @@ def cfl(
         step = (w.T @ updates) / jnp.maximum(total, 1e-30)[:, None]  # [K, d]
         _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], state.models))
         models = jax.tree.map(lambda b, s: b + s, base, jax.vmap(unravel)(step))
-        assignment = state.assignment.at[clients].set(member_cluster)
+        assignment, sizes = reassign(state.assignment, state.sizes, clients, member_cluster)
         metrics = training_metrics(weights, stats)
-        metrics["num_clusters"] = cluster_count(assignment, max_clusters)
+        metrics["num_clusters"] = cluster_count(sizes)
         new_centers = flat_models(models)[member_cluster]
         metrics["intra_cluster_distance"] = jnp.sum(
             weights * jnp.sum(jnp.square(trained_flat - new_centers), axis=1)) / jnp.sum(weights)
-        new_state = state.replace(models=models, assignment=assignment, active=active,
-                                  round=state.round + 1)
+        new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
+                                  active=active, round=state.round + 1)
         return new_state, metrics
 
     return clustered_algorithm("cfl", init, round_)

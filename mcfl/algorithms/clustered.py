@@ -15,13 +15,37 @@ class ClusterState(flax.struct.PyTreeNode):
     """K cluster models stacked [K, ...] and every client's cluster [C] int32.
 
     `active` [K] marks clusters in use (CFL grows its clusters into free slots; the others use
-    all K); `round` counts rounds done.
+    all K); `round` counts rounds done; `sizes` [K] int32 counts each cluster's clients, kept
+    up to date with the assignment (`reassign`) so that no round recounts the population.
     """
 
     models: object
     assignment: jax.Array
     active: jax.Array
     round: jax.Array
+    sizes: jax.Array
+
+    @classmethod
+    def create(cls, models, assignment: jax.Array, active: jax.Array) -> ClusterState:
+        num_clusters = active.shape[0]
+        return cls(models, assignment, active, jnp.zeros((), jnp.int32),
+                   cluster_sizes(assignment, num_clusters))
+
+
+def cluster_sizes(assignment: jax.Array, num_clusters: int) -> jax.Array:
+    """[K] clients in each cluster (-1, not yet in a cluster, counts in none). O(C): for
+    initialisation; rounds update sizes with `reassign`."""
+    return jax.nn.one_hot(assignment, num_clusters, dtype=jnp.int32).sum(0)
+
+
+def reassign(assignment: jax.Array, sizes: jax.Array, clients: jax.Array, new: jax.Array):
+    """`clients` (distinct) move to clusters `new`: the new assignment [C] and sizes [K],
+    at a cost of O(len(clients)), not O(C)."""
+    num_clusters = sizes.shape[0]
+    old = assignment[clients]
+    moved = (jax.nn.one_hot(new, num_clusters, dtype=jnp.int32).sum(0)
+             - jax.nn.one_hot(old, num_clusters, dtype=jnp.int32).sum(0))
+    return assignment.at[clients].set(new), sizes + moved
 
 
 def last_dense_kernel(params) -> jax.Array:
@@ -74,10 +98,9 @@ def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> ja
     return jnp.maximum(total, 0.0) / jnp.maximum(jnp.sum(w), 1e-30)
 
 
-def cluster_count(assignment: jax.Array, num_clusters: int) -> jax.Array:
-    """Number of clusters holding at least one client (-1, not yet in a cluster, counts none)."""
-    members = jax.nn.one_hot(assignment, num_clusters).sum(0)  # one_hot(-1) is all zeros
-    return jnp.sum(members > 0).astype(jnp.float32)
+def cluster_count(sizes: jax.Array) -> jax.Array:
+    """Number of clusters holding at least one client."""
+    return jnp.sum(sizes > 0).astype(jnp.float32)
 
 
 def finish_round(state, clients, joined, sums, weight_sums, stats, weights, train_counts,
@@ -85,11 +108,12 @@ def finish_round(state, clients, joined, sums, weight_sums, stats, weights, trai
     """After a streamed M-step: new cluster models (a cluster nobody joined keeps its model),
     the clients' new clusters, and the round's metrics."""
     models = segment_mean(sums, weight_sums, state.models)
-    assignment = state.assignment.at[clients].set(joined)
+    assignment, sizes = reassign(state.assignment, state.sizes, clients, joined)
     metrics = training_metrics(train_counts, stats)
     metrics["intra_cluster_distance"] = intra_cluster_distance(sums, weight_sums, stats, weights)
-    metrics["num_clusters"] = cluster_count(assignment, num_clusters)
-    new_state = state.replace(models=models, assignment=assignment, round=state.round + 1)
+    metrics["num_clusters"] = cluster_count(sizes)
+    new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
+                              round=state.round + 1)
     return new_state, metrics
 
 

@@ -8,7 +8,9 @@ k-means++ on its rows, or MADC with complete-linkage clustering. A group's model
 mean pre-trained model and its fixed direction dW_g = that model - W_0.
 
 Newcomer cold start (Sec. 3.4): a client still outside every group pre-trains from W_0 the first
-time it is sampled (the whole sampled batch at once) and joins argmin_g (1 - cos(dW_g, dW_i))/2.
+time it is sampled and joins argmin_g (1 - cos(dW_g, dW_i))/2. Only the round's newcomers train
+(the others of the sampled batch are inactive, `engine.RoundClients.active`), and rounds without
+a newcomer skip the pre-training altogether.
 
 Training (Alg. 2): each group runs FedAvg over its sampled members (weighted by n_i); a group
 with no sampled member keeps its model; then inter-group aggregation with eta_g > 0:
@@ -24,7 +26,8 @@ n_i * sum_k |CDF_now(k) - CDF_then(k)|. The authors' code instead passes the two
 to a 1-D Wasserstein routine as samples, which ignores which label each count belongs to
 (labels {0, 1} -> {2, 3} scores 0); it is kept as ``migration="counts"`` for comparison.
 Up to `clients_per_round` migrating clients redo their cold start each round (fixed shapes);
-more wait for the next round.
+more wait for the next round. The test runs only in rounds where the data moved (the view's
+``owners_changed``) or clients are still waiting: label counts change only then.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.clustered import (
     cluster_count,
     cluster_means,
+    cluster_sizes,
     flat_models,
     intra_cluster_distance,
+    reassign,
 )
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
-from mcfl.data.federated import client_label_counts
 from mcfl.engine import (
     LocalTraining,
     RoundClients,
@@ -58,8 +62,7 @@ MEASURES = ("edc", "madc")
 
 def label_counts(data) -> jax.Array:
     """[C, num_classes] training label counts of every client as the data is now."""
-    return client_label_counts(data.train_owner, data.y_train, data.num_clients,
-                               data.num_classes).astype(jnp.float32)
+    return data.train_label_counts.astype(jnp.float32)
 
 
 def label_shift(now: jax.Array, then: jax.Array, variant: str = "label") -> jax.Array:
@@ -85,6 +88,8 @@ class GroupState(flax.struct.PyTreeNode):
     round: jax.Array
     cold_start_models: jax.Array  # models sent each way by the group cold start (counted once)
     joined_labels: jax.Array  # [C, num_classes] label counts when each client joined its group
+    migration_pending: jax.Array  # bool: more clients moved than one round could migrate
+    sizes: jax.Array  # [K] clients in each group (kept with `reassign`)
 
 
 def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> jax.Array:
@@ -119,11 +124,12 @@ def fedgroup(
 ) -> FederatedAlgorithm:
     """FedGroup with K = `num_groups` groups found from `pretrain_scale` * K pre-trained clients;
     with `migration` ("label" or "counts") it is FlexCFL (see `flexcfl`)."""
-    def pretrain(data, key, w0, clients):
-        """[S, d] pre-training updates dW of `clients`, each trained from W_0."""
+    def pretrain(data, key, w0, clients, active=None):
+        """[S, d] pre-training updates dW of `clients`, each trained from W_0 (only the
+        `active` ones train; the others' rows are zeros)."""
         trained, _ = train_and_collect(
-            training, data, key, stack(w0), RoundClients(clients, jnp.zeros_like(clients)),
-            block_size,
+            training, data, key, stack(w0),
+            RoundClients(clients, jnp.zeros_like(clients), active), block_size,
         )
         return flat_models(trained) - ravel_pytree(w0)[0][None], trained
 
@@ -131,46 +137,55 @@ def fedgroup(
         init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
         w0 = model.init(init_key)
         m = pretrain_scale * num_groups
-        cold = jax.random.choice(pick_key, data.num_clients, (m,), replace=False).astype(jnp.int32)
+        cold = sample_clients(pick_key, data.num_clients, m)
         updates, trained = pretrain(data, train_key, w0, cold)
         labels = group_of_updates(updates, num_groups, measure, group_key)
         models = cluster_means(trained, labels, num_groups)
         directions = flat_models(models) - ravel_pytree(w0)[0][None]
         assignment = jnp.full((data.num_clients,), -1, jnp.int32).at[cold].set(labels)
         return GroupState(models, directions, assignment, w0, jnp.zeros((), jnp.int32),
-                          jnp.float32(m), label_counts(data))
+                          jnp.float32(m), label_counts(data), jnp.zeros((), bool),
+                          cluster_sizes(assignment, num_groups))
 
-    def join(state, data, key, clients):
-        """Groups the clients join after pre-training from W_0: argmin_g (1 - cos) / 2."""
-        updates, _ = pretrain(data, key, state.w0, clients)
-        cos = cosine_similarity(updates, state.directions)  # [S, K]
-        return jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
+    def join(state, data, key, clients, active):
+        """Groups the `active` clients join after pre-training from W_0: argmin_g (1 - cos) / 2
+        (computed only in rounds with at least one, under `lax.cond`)."""
+        def pretrain_and_join(_):
+            updates, _ = pretrain(data, key, state.w0, clients, active)
+            cos = cosine_similarity(updates, state.directions)  # [S, K]
+            return jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
 
-    def migrate(state, data, key, now):
+        return jax.lax.cond(jnp.any(active), pretrain_and_join,
+                            lambda _: jnp.zeros_like(clients), None)
+
+    def migrate(state, data, key):
         """Redo the cold start of up to S clients whose label distribution moved (FlexCFL)."""
+        now = label_counts(data)
         tau = 0.2 * now.sum(1) / data.num_classes
         moved = (state.assignment >= 0) & (label_shift(now, state.joined_labels, migration) > tau)
         batch = jnp.argsort(~moved, stable=True)[:clients_per_round].astype(jnp.int32)
         valid = moved[batch]
-        groups = jax.lax.cond(jnp.any(valid), lambda _: join(state, data, key, batch),
-                              lambda _: jnp.zeros_like(batch), None)
+        groups = jnp.where(valid, join(state, data, key, batch, valid), state.assignment[batch])
+        assignment, sizes = reassign(state.assignment, state.sizes, batch, groups)
         target = jnp.where(valid, batch, data.num_clients)  # out of range: dropped
-        assignment = state.assignment.at[target].set(groups, mode="drop")
         joined = state.joined_labels.at[target].set(now[batch], mode="drop")
-        return state.replace(assignment=assignment, joined_labels=joined), jnp.sum(valid)
+        pending = jnp.sum(moved) > clients_per_round
+        return (state.replace(assignment=assignment, sizes=sizes, joined_labels=joined,
+                              migration_pending=pending), jnp.sum(valid))
 
     def round_(state, data, key):
         sample_key, cold_key, train_key, migrate_key = jax.random.split(key, 4)
         migrated = jnp.zeros((), jnp.int32)
-        now = label_counts(data)
         if migration is not None:
-            state, migrated = migrate(state, data, migrate_key, now)
+            # Label counts change only when the data moves: test all clients only then.
+            state, migrated = jax.lax.cond(
+                data.owners_changed | state.migration_pending,
+                lambda s: migrate(s, data, migrate_key),
+                lambda s: (s, jnp.zeros((), jnp.int32)), state)
         clients = sample_clients(sample_key, data.num_clients, clients_per_round)
         current = state.assignment[clients]
         newcomer = current < 0
-        # Pre-train only in rounds that have a newcomer (under jit, cond runs one branch).
-        joined = jax.lax.cond(jnp.any(newcomer), lambda _: join(state, data, cold_key, clients),
-                              lambda _: jnp.zeros_like(clients), None)
+        joined = join(state, data, cold_key, clients, newcomer)
         group = jnp.where(newcomer, joined, current)
         weights = data.train_counts[clients]
         sums, weight_sums, _, stats = train_and_aggregate(
@@ -180,9 +195,9 @@ def fedgroup(
         models = segment_mean(sums, weight_sums, state.models)
         if eta_g > 0:
             models = inter_group_aggregation(models, eta_g)
-        assignment = state.assignment.at[clients].set(group)
+        assignment, sizes = reassign(state.assignment, state.sizes, clients, group)
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(
-            now[clients], mode="drop")
+            label_counts(data)[clients], mode="drop")
         metrics = training_metrics(weights, stats)
         # Newcomers download W_0 and upload dW once; the group cold start is counted in round 1.
         cold = (jnp.sum(newcomer) + migrated).astype(jnp.float32) + jnp.where(
@@ -191,11 +206,11 @@ def fedgroup(
         metrics["models_up"] = metrics["models_up"] + cold
         metrics["intra_cluster_distance"] = intra_cluster_distance(
             sums, weight_sums, stats, weights)
-        metrics["num_clusters"] = cluster_count(assignment, num_groups)
-        metrics["unassigned_clients"] = jnp.sum(assignment < 0).astype(jnp.float32)
+        metrics["num_clusters"] = cluster_count(sizes)
+        metrics["unassigned_clients"] = (data.num_clients - jnp.sum(sizes)).astype(jnp.float32)
         metrics["migrated_clients"] = migrated.astype(jnp.float32)
-        new_state = state.replace(models=models, assignment=assignment, round=state.round + 1,
-                                  joined_labels=joined_labels)
+        new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
+                                  round=state.round + 1, joined_labels=joined_labels)
         return new_state, metrics
 
     def client_models(state):

@@ -79,8 +79,8 @@ def fesem(
                         restarts=restarts)
         centers = cluster_means(local_models, result.labels, num_clusters,
                                 m_step_weights(data, clients))
-        return ClusterState(centers, result.labels.astype(jnp.int32),
-                            jnp.ones((num_clusters,), bool), jnp.zeros((), jnp.int32))
+        return ClusterState.create(centers, result.labels.astype(jnp.int32),
+                                   jnp.ones((num_clusters,), bool))
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)

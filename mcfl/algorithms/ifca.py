@@ -41,8 +41,8 @@ def ifca(
     def init(data, key):
         models = jax.vmap(model.init)(jax.random.split(key, num_clusters))
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
-        return ClusterState(models, identities(models, data, clients),
-                            jnp.ones((num_clusters,), bool), jnp.zeros((), jnp.int32))
+        return ClusterState.create(models, identities(models, data, clients),
+                                   jnp.ones((num_clusters,), bool))
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)

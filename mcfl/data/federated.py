@@ -25,9 +25,11 @@ class FederatedData(flax.struct.PyTreeNode):
     Shapes: ``x_*`` [N, *feature_shape]; ``y_*`` [N] int32; ``*_owner`` [N] int32 (the client
     of each row; ``C`` for a row no client holds now); ``*_offsets`` and ``*_counts`` [C] int32;
     ``*_order`` [N] int32: the rows sorted by owner, so client i's rows are
-    ``order[offsets[i] : offsets[i] + counts[i]]``. As built, rows are stored sorted by client
-    and the order is the identity; a distribution shift (`mcfl.shift`) moves rows between
-    clients by changing owners, offsets, counts and order, never the row arrays.
+    ``order[offsets[i] : offsets[i] + counts[i]]``; ``train_label_counts`` [C, num_classes]
+    int32 counts each client's training labels. As built, rows are stored sorted by client and
+    the order is the identity; a distribution shift (`mcfl.shift`) moves rows between clients
+    by changing owners, offsets, counts, order and label counts, never the row arrays, and sets
+    ``owners_changed`` (a bool scalar) in the round it does.
     """
 
     x_train: jax.Array
@@ -42,6 +44,8 @@ class FederatedData(flax.struct.PyTreeNode):
     test_counts: jax.Array
     train_order: jax.Array
     test_order: jax.Array
+    train_label_counts: jax.Array
+    owners_changed: jax.Array
     num_classes: int = flax.struct.field(pytree_node=False)
     min_train_count: int = flax.struct.field(pytree_node=False)
     # An upper bound on any client's training rows (static: it sizes the low-rank buffers).
@@ -228,6 +232,10 @@ def from_splits(
         test_counts=jnp.asarray(cte, jnp.int32),
         train_order=jnp.arange(len(ytr), dtype=jnp.int32),
         test_order=jnp.arange(len(yte), dtype=jnp.int32),
+        train_label_counts=jnp.asarray(np.bincount(
+            otr * num_classes + np.asarray(ytr, np.int64), minlength=num_clients * num_classes
+        ).reshape(num_clients, num_classes), jnp.int32),
+        owners_changed=jnp.zeros((), bool),
         num_classes=int(num_classes),
         min_train_count=int(ctr.min()),
         max_train_count=int(ctr.max()),
