@@ -35,7 +35,8 @@ from mcfl.config import FIELDS, RunConfig
 from mcfl.errors import ConfigError, choice_error
 
 CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone
-FEATURES = {"mclr": 60, "mlp": 784}  # Synthetic's 60 features; MNIST-sized inputs for the MLP
+# Synthetic's 60 features for MCLR; MNIST-sized inputs (28 x 28) for the MLP and the CNN
+FEATURES = {"mclr": 60, "mlp": 784, "cnn-fmnist": 784}
 HIDDEN = (200, 200)
 NUM_CLASSES = 10
 DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
@@ -60,6 +61,8 @@ class Point:
     rows_per_client: int = 50
     batch_size: int = 10
     seed: int = 0
+    # clients training each round: a count (capped at `clients`) or a fraction; 1.0 = all
+    clients_per_round: float | int = 1.0
 
     @property
     def kind(self) -> str:
@@ -136,10 +139,18 @@ def benchmark_dataset(
     means_rng, train_rng, test_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
+    import jax
+
     means = means_rng.standard_normal((num_groups, num_classes, num_features), dtype=np.float32)
     group = np.arange(num_clients) % num_groups
-    train = _mixture_rows(train_rng, means, group, rows_per_client)
-    test = _mixture_rows(test_rng, means, group, test_rows_per_client)
+
+    def on_device(rng, rows):
+        # each split moves to the device before the next is built: the host holds one split
+        x, y, owner = _mixture_rows(rng, means, group, rows)
+        return jax.block_until_ready(jax.device_put(x)), y, owner
+
+    train = on_device(train_rng, rows_per_client)
+    test = on_device(test_rng, test_rows_per_client)
     return from_splits("bench", train, test, num_clients, num_classes, true_cluster=group)
 
 
@@ -148,8 +159,11 @@ def benchmark_dataset(
 
 
 def training_config(point: Point) -> RunConfig:
-    """The run of a training point: every client every round, one epoch of local steps,
-    evaluation after the last round only."""
+    """The run of a training point: `clients_per_round` clients a round (a count is capped at
+    the point's clients), one epoch of local steps, evaluation after the last round only."""
+    per_round = point.clients_per_round
+    if not isinstance(per_round, float):
+        per_round = min(int(per_round), point.clients)
     pretrain_scale = FIELDS["pretrain_scale"].default
     return RunConfig(
         algorithm=point.algorithm,
@@ -160,7 +174,7 @@ def training_config(point: Point) -> RunConfig:
         hidden=HIDDEN,
         batch_size=point.batch_size,
         local_steps=point.local_steps,
-        clients_per_round=1.0,
+        clients_per_round=per_round,
         eval_every=point.rounds,
         clusters=point.clusters,
         # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.
@@ -498,8 +512,9 @@ def _lines(points: Sequence[dict]) -> dict[tuple[str, str], list[dict]]:
     return {key: sorted(line, key=lambda p: p["clients"]) for key, line in lines.items()}
 
 
-TABLE_HEADER = (f"{'algorithm':<9} {'model':<5} {'clients':>8} {'round 1 s':>10} {'s/round':>9} "
-                f"{'samples/s':>10} {'peak MB':>8} {'run MB':>7}  status")
+TABLE_HEADER = (f"{'algorithm':<9} {'model':<10} {'clients':>9} {'per round':>9} "
+                f"{'round 1 s':>10} {'s/round':>9} {'samples/s':>10} {'peak MB':>8} "
+                f"{'run MB':>7}  status")
 
 
 def format_row(record: dict) -> str:
@@ -509,7 +524,9 @@ def format_row(record: dict) -> str:
         return "-" if value is None else format(value, spec)
 
     status = "ok" if record["status"] == "ok" else f"FAILED: {record['error']}"
-    return (f"{record['algorithm']:<9} {record['model']:<5} {record['clients']:>8,} "
+    per_round = number("clients_per_round", ",") if record["kind"] == "train" else "-"
+    return (f"{record['algorithm']:<9} {record['model']:<10} {record['clients']:>9,} "
+            f"{per_round:>9} "
             f"{number('first_round_seconds', '.3f'):>10} {number('seconds_per_round', '.3f'):>9} "
             f"{number('samples_per_second', ',.0f'):>10} {number('peak_rss_mb', ',.0f'):>8} "
             f"{number('run_peak_rss_mb', ',.0f'):>7}  {status}")

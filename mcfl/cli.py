@@ -223,7 +223,7 @@ def cmd_bench(args) -> int:
         algorithms, models, clients, clustering=args.clustering,
         max_mlp_clients=None if args.clients else bench.MLP_DEFAULT_MAX_CLIENTS,
         rounds=args.rounds, clusters=args.clusters, rows_per_client=args.rows_per_client,
-        batch_size=args.batch_size, seed=args.seed,
+        batch_size=args.batch_size, seed=args.seed, clients_per_round=args.clients_per_round,
     )
     out = Path(args.out)
     for line in skipped:
@@ -242,8 +242,8 @@ def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithms", default=",".join(bench.DEFAULT_ALGORITHMS),
                         help="comma-separated algorithms (default %(default)s)")
     parser.add_argument("--models", default=",".join(bench.DEFAULT_MODELS),
-                        help="comma-separated models: mclr (60 -> 10), mlp (784-200-200-10) "
-                        "(default %(default)s)")
+                        help="comma-separated models: mclr (60 -> 10), mlp (784-200-200-10), "
+                        "cnn-fmnist (FlexCFL's FashionMNIST CNN) (default %(default)s)")
     parser.add_argument("--clients", default=None,
                         help="comma-separated client counts (default 100,1000,10000,100000; "
                         "the MLP stops at 10,000 unless --clients is given)")
@@ -256,6 +256,9 @@ def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows-per-client", type=int, default=50,
                         help="training rows of every client (default %(default)s)")
     parser.add_argument("--batch-size", type=int, default=10, help="B (default %(default)s)")
+    parser.add_argument("--clients-per-round", type=_count_or_fraction, default=1.0,
+                        help="clients training each round: a count (capped at each point's "
+                        "clients) or a fraction (default 1.0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and runs")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds before a point is stopped and recorded as failed "

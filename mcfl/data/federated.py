@@ -89,14 +89,6 @@ class FederatedDataset:
         return np.asarray(self.arrays.test_counts)
 
 
-def _group_by_owner(owner: np.ndarray, num_clients: int):
-    """Stable order of rows by client, with per-client offsets and counts."""
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=num_clients).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    return order, offsets, counts
-
-
 def split_train_test(
     owner: np.ndarray,
     num_clients: int,
@@ -198,7 +190,12 @@ def from_splits(
     client_ids: Optional[Sequence[str]] = None,
     true_cluster: Optional[np.ndarray] = None,
 ) -> FederatedDataset:
-    """Build a federated dataset from (x, y, owner) triples already split into train and test."""
+    """Build a federated dataset from (x, y, owner) triples already split into train and test.
+
+    Rows already sorted by owner are used as they are (no copy on the host); each array is then
+    copied to the device once (`jax.device_put`; ``jnp.asarray`` would hold two copies at
+    peak), so a caller that builds sorted float32 rows holds them at most twice.
+    """
     parts = []
     for split, (x, y, owner) in (("train", train), ("test", test)):
         owner = np.asarray(owner, dtype=np.int64)
@@ -207,8 +204,13 @@ def from_splits(
             raise DataError(
                 f"{split} labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}]"
             )
-        order, offsets, counts = _group_by_owner(owner, num_clients)
-        parts.append((np.asarray(x)[order], y[order], owner[order], offsets, counts))
+        x = x if isinstance(x, jax.Array) else np.asarray(x)  # device rows stay where they are
+        counts = np.bincount(owner, minlength=num_clients).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        if owner.size and not np.all(owner[1:] >= owner[:-1]):
+            order = np.argsort(owner, kind="stable")
+            x, y, owner = x[order], y[order], owner[order]
+        parts.append((x, y, owner, offsets, counts))
     (xtr, ytr, otr, offtr, ctr), (xte, yte, ote, offte, cte) = parts
     no_train = np.flatnonzero(ctr == 0)
     if no_train.size:
@@ -220,12 +222,12 @@ def from_splits(
     if len(client_ids) != num_clients:
         raise DataError(f"got {len(client_ids)} client ids for {num_clients} clients")
     arrays = FederatedData(
-        x_train=jnp.asarray(xtr),
+        x_train=jax.device_put(xtr),
         y_train=jnp.asarray(ytr, jnp.int32),
         train_owner=jnp.asarray(otr, jnp.int32),
         train_offsets=jnp.asarray(offtr, jnp.int32),
         train_counts=jnp.asarray(ctr, jnp.int32),
-        x_test=jnp.asarray(xte),
+        x_test=jax.device_put(xte),
         y_test=jnp.asarray(yte, jnp.int32),
         test_owner=jnp.asarray(ote, jnp.int32),
         test_offsets=jnp.asarray(offte, jnp.int32),
@@ -244,6 +246,6 @@ def from_splits(
         name=name,
         arrays=arrays,
         client_ids=tuple(str(c) for c in client_ids),
-        feature_shape=tuple(np.asarray(xtr).shape[1:]),
+        feature_shape=tuple(xtr.shape[1:]),
         true_cluster=None if true_cluster is None else np.asarray(true_cluster, np.int64),
     )
