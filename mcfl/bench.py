@@ -572,6 +572,9 @@ def _child_main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mcfl.bench")
     parser.add_argument("--point", required=True, help="a Point as JSON")
     args = parser.parse_args(argv)
+    from mcfl import compile_cache
+
+    compile_cache.enable()  # unless MCFL_NO_COMPILE_CACHE says not to (--no-compile-cache)
     record = measure_point(Point(**json.loads(args.point)))
     from mcfl.output import _json_safe
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -114,6 +115,27 @@ def add_cache_flags(parser: argparse.ArgumentParser) -> None:
                         "or ~/.cache/mcfl)")
     parser.add_argument("--no-cache", action="store_true",
                         help="neither read nor write the dataset cache")
+
+
+def add_compile_cache_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="do not keep compiled programs in JAX's persistent cache "
+                        "(default: kept under the cache dir's jax-compile/; also "
+                        "MCFL_NO_COMPILE_CACHE=1)")
+
+
+def setup_compile_cache(args) -> None:
+    """Turn JAX's persistent compilation cache on unless the flag or the environment say no;
+    bench children learn it through the environment."""
+    from mcfl import compile_cache
+
+    if getattr(args, "no_compile_cache", False):
+        os.environ[compile_cache.DISABLE_VARIABLE] = "1"
+        return
+    if args.command == "bench":
+        return  # the parent runs no JAX; each child turns the cache on itself
+    base = Path(args.cache_dir).expanduser() if getattr(args, "cache_dir", None) else None
+    compile_cache.enable(None if base is None else base / compile_cache.SUBDIRECTORY)
 
 
 def cache_dir_from_args(args) -> Optional[Path]:
@@ -277,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser("run", help="train one algorithm and write its results")
     add_config_flags(p_run)
     add_cache_flags(p_run)
+    add_compile_cache_flag(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
     p_run.add_argument("--profile", metavar="DIR",
                        help="write a jax.profiler trace of rounds 2-3 to DIR (with "
@@ -306,12 +329,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--out", default="runs/demo", metavar="DIR")
     p_demo.add_argument("--rounds", type=int, default=None, help="override the demo's rounds")
     p_demo.add_argument("--clients", type=int, default=None, help="override the demo's clients")
+    add_compile_cache_flag(p_demo)
     p_demo.set_defaults(func=cmd_demo)
 
     p_bench = sub.add_parser(
         "bench", help="round time, samples/s and peak memory against the number of clients"
     )
     _add_bench_flags(p_bench)
+    add_compile_cache_flag(p_bench)
     p_bench.set_defaults(func=cmd_bench)
     return parser
 
@@ -320,6 +345,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("run", "demo", "bench"):
+            setup_compile_cache(args)
         return args.func(args)
     except (McflError, ConfigError) as e:
         print(f"mcfl: error: {e}", file=sys.stderr)

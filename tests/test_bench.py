@@ -93,13 +93,22 @@ def test_the_default_sweep_runs_the_mlp_up_to_10000_clients():
     flexcfl = bench.training_config(bench.Point("flexcfl", "mclr", 100))
     assert flexcfl.pretrain_scale * flexcfl.clusters <= 100
     assert flexcfl.clients_per_round == 1.0 and flexcfl.eval_every == flexcfl.rounds
+    # Partial participation: a count, capped at the point's clients, or a fraction.
+    assert bench.training_config(bench.Point("fedavg", "mclr", 100, clients_per_round=20)
+                                 ).clients_per_round == 20
+    assert bench.training_config(bench.Point("fedavg", "mclr", 10, clients_per_round=20)
+                                 ).clients_per_round == 10
+    assert bench.training_config(bench.Point("fedavg", "mclr", 100, clients_per_round=0.5)
+                                 ).clients_per_round == 0.5
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
         (["--algorithms", "fedavg,nope"], "unknown algorithm 'nope'; allowed: fedavg"),
-        (["--models", "cnn-fmnist"], "unknown model 'cnn-fmnist'; allowed: mclr, mlp"),
+        (["--models", "cnn-leaf"], "unknown model 'cnn-leaf'; allowed: mclr, mlp, cnn-fmnist"),
+        (["--clients-per-round", "0"], "clients_per_round must be between 1 and"),
+        (["--clients-per-round", "1.5"], "clients_per_round as a fraction must be in (0, 1]"),
         (["--clients", "100,0"], "client counts must be positive integers, got '0'"),
         (["--clients", "100,ten"], "client counts must be positive integers, got 'ten'"),
         (["--clients", "2", "--algorithms", "ifca"], "clusters (K = 4) cannot exceed"),

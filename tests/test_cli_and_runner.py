@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -104,6 +105,24 @@ def test_console_entry_point_has_no_traceback():
     assert proc.returncode == 2
     assert proc.stderr.startswith("mcfl: error: unknown algorithm 'nope'")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("disable", [None, "--no-compile-cache", "MCFL_NO_COMPILE_CACHE"])
+def test_compile_cache_is_on_by_default_and_can_be_turned_off(tmp_path, disable):
+    """`mcfl run` keeps its compiled programs under the cache dir's jax-compile/ (a repeated
+    run loads them instead of compiling), unless the flag or the variable say no."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env.update(MCFL_CACHE_DIR=str(tmp_path / "cache"))
+    argv = [sys.executable, "-m", "mcfl", "run", "--clients", "4", "--rounds", "1",
+            "--out", str(tmp_path / "run")]
+    if disable == "--no-compile-cache":
+        argv.append(disable)
+    elif disable:
+        env[disable] = "1"
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    entries = list((tmp_path / "cache" / "jax-compile").glob("*"))
+    assert (len(entries) > 0) == (disable is None)
 
 
 def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAlgorithm:
