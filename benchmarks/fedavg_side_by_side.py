@@ -1,6 +1,12 @@
-"""One FedAvg round of the issue's workload, mcfl next to its peers and the ceiling, in one run.
+"""One FedAvg round of a fixed workload, mcfl next to its peers and the ceiling, in one run.
 
     .venv/bin/python benchmarks/fedavg_side_by_side.py --clients 1000 --rounds 4 --out runs/peers
+    .venv/bin/python benchmarks/fedavg_side_by_side.py --model cnn --rounds 4 --out runs/peers-cnn
+
+`--model mlp` (default): MLP 784-200-200-10, C clients x 5 steps of B = 10 (`workload.py`).
+`--model cnn`: FlexCFL's FashionMNIST CNN, 20 clients x 12 steps of B = 10 (`cnn_workload.py`);
+contenders: the ceiling with each convolution code (matmul, flax nn.Conv), mcfl (factored dense
+kernel on one device, on one device per core, and kept dense), and the PyTorch loop.
 
 Runs, one after another, each in its own process (so none shares threads, caches or memory
 with another): the centralized ceiling and mcfl's FedAvg (low-rank auto on one device; on a
@@ -25,6 +31,25 @@ from pathlib import Path
 
 PEERS = Path(__file__).resolve().parent / "peers"
 ROOT = PEERS.parent.parent
+
+
+def cnn_contenders(peers_python: str | None) -> list[tuple[str, list[str], bool, dict]]:
+    """The CNN round's contenders (see the module docstring)."""
+    here = [sys.executable, str(PEERS / "mcfl_cnn_round.py")]
+    out = [
+        ("centralized", here + ["--centralized", "--conv", "matmul"], False, {}),
+        ("centralized-xla", here + ["--centralized", "--conv", "xla"], False, {}),
+        ("mcfl", here + ["--low-rank", "auto"], True, {}),
+    ]
+    cores = os.cpu_count() or 1
+    if cores > 1:
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={cores}"
+        out.append(("mcfl-devices", here + ["--devices", str(cores)], True,
+                    {"XLA_FLAGS": flags.strip()}))
+    out.append(("mcfl-dense", here + ["--low-rank", "off"], True, {}))
+    if peers_python:
+        out.append(("torch", [peers_python, str(PEERS / "torch_cnn_round.py")], True, {}))
+    return out
 
 
 def contenders(peers_python: str | None) -> list[tuple[str, list[str], bool, dict]]:
@@ -57,7 +82,11 @@ def run_json(command: list[str], path: Path, timeout: int, extra_env: dict) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
+    parser.add_argument("--clients", type=int, default=None,
+                        help="default: 1000 for the MLP, 20 for the CNN")
+    parser.add_argument("--check-clients", type=int, default=None,
+                        help="clients of the NumPy check (default: 20 MLP, 4 CNN)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("runs/side_by_side"))
     default_peers = "/work/peers-venv/bin/python"
@@ -65,12 +94,16 @@ def main() -> None:
                         else None)
     parser.add_argument("--timeout", type=int, default=1800)
     args = parser.parse_args()
+    cnn = args.model == "cnn"
+    args.clients = args.clients or (20 if cnn else 1000)
+    check_clients = args.check_clients or (4 if cnn else 20)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for key, command, checkable, extra_env in contenders(args.peers_python):
+    for key, command, checkable, extra_env in (cnn_contenders if cnn else contenders)(
+            args.peers_python):
         if checkable:
-            check = run_json(command + ["--check"], args.out / f"{key}-check.json", args.timeout,
-                             extra_env)
+            check = run_json(command + ["--check", "--check-clients", str(check_clients)],
+                             args.out / f"{key}-check.json", args.timeout, extra_env)
             print(f"{key}: check max |diff| {check['check']['max_abs_diff']:.2e}", flush=True)
         start = time.perf_counter()
         result = run_json(command + ["--clients", str(args.clients), "--rounds",
@@ -81,12 +114,16 @@ def main() -> None:
         print(f"{key}: {result['seconds_per_round']:.3f} s/round", flush=True)
     machine = {"processor": platform.processor() or platform.machine(),
                "cpus": os.cpu_count(), "python": platform.python_version()}
-    summary = {"clients": args.clients, "rounds": args.rounds, "machine": machine,
-               "results": results}
+    summary = {"model": args.model, "clients": args.clients, "rounds": args.rounds,
+               "machine": machine, "results": results}
     (args.out / "side_by_side.json").write_text(json.dumps(summary, indent=2) + "\n")
-    ceiling = results["centralized"]["seconds_per_round"]
+    # the ceiling: the fastest centralized run
+    ceiling = min(r["seconds_per_round"] for k, r in results.items()
+                  if k.startswith("centralized"))
     mcfl = results["mcfl"]["seconds_per_round"]
-    print(f"\n{args.clients} clients, MLP 784-200-200-10, 5 local steps of B = 10\n")
+    what = ("FashionMNIST CNN (3.27 M parameters), 12 local steps of B = 10" if cnn
+            else "MLP 784-200-200-10, 5 local steps of B = 10")
+    print(f"\n{args.clients} clients, {what}\n")
     print("| contender | s/round (mean / min) | first round | x ceiling | x mcfl |")
     print("| --- | --- | --- | --- | --- |")
     for r in results.values():

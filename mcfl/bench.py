@@ -63,6 +63,7 @@ class Point:
     seed: int = 0
     # clients training each round: a count (capped at `clients`) or a fraction; 1.0 = all
     clients_per_round: float | int = 1.0
+    conv: str = "auto"  # how the CNN computes its convolutions (RunConfig.conv)
 
     @property
     def kind(self) -> str:
@@ -175,6 +176,7 @@ def training_config(point: Point) -> RunConfig:
         batch_size=point.batch_size,
         local_steps=point.local_steps,
         clients_per_round=per_round,
+        conv=point.conv,
         eval_every=point.rounds,
         clusters=point.clusters,
         # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.

@@ -50,6 +50,8 @@ HELP = {
     "test_fraction": "per-client test share (default: the dataset's recipe)",
     "model": "mclr | mlp | cnn-fmnist | cnn-leaf",
     "hidden": "MLP hidden widths, e.g. 200,200",
+    "conv": "CNN convolutions: matmul (shifted views and one matmul, fast on CPU) | xla "
+    "(flax Conv) | auto (matmul on CPU, xla on GPU / TPU)",
     "lr": "client learning rate (FedSGD: server learning rate)",
     "batch_size": "local mini-batch size B",
     "local_epochs": "local epochs E (each ceil(n_i/B) steps)",
@@ -246,6 +248,7 @@ def cmd_bench(args) -> int:
         max_mlp_clients=None if args.clients else bench.MLP_DEFAULT_MAX_CLIENTS,
         rounds=args.rounds, clusters=args.clusters, rows_per_client=args.rows_per_client,
         batch_size=args.batch_size, seed=args.seed, clients_per_round=args.clients_per_round,
+        conv=args.conv,
     )
     out = Path(args.out)
     for line in skipped:
@@ -281,6 +284,7 @@ def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients-per-round", type=_count_or_fraction, default=1.0,
                         help="clients training each round: a count (capped at each point's "
                         "clients) or a fraction (default 1.0: all)")
+    parser.add_argument("--conv", default="auto", help=HELP["conv"] + " (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and runs")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds before a point is stopped and recorded as failed "

@@ -28,6 +28,7 @@ NORMALIZATIONS = ("scale", "standardize", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
 LOW_RANK = ("auto", "on", "off")
+CONVS = ("auto", "matmul", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,8 @@ class RunConfig:
     # model
     model: str = "mclr"
     hidden: tuple[int, ...] = (200, 200)
+    # CNN convolutions: matmul (shifted views, fast on CPU), xla (flax Conv), auto (by backend)
+    conv: str = "auto"
     # client training
     lr: float = 0.01
     batch_size: int = 10
@@ -121,13 +124,13 @@ def _validate(c: RunConfig) -> None:
         raise choice_error("model", c.model, MODELS)
     if c.client_optimizer not in OPTIMIZERS:
         raise choice_error("client_optimizer", c.client_optimizer, OPTIMIZERS)
+    if c.conv not in CONVS:
+        raise choice_error("conv", c.conv, CONVS)
     if c.low_rank not in LOW_RANK:
         raise choice_error("low_rank", c.low_rank, LOW_RANK)
-    if c.low_rank == "on" and (c.model not in ("mclr", "mlp") or c.client_optimizer != "sgd"
-                               or c.weight_decay != 0):
+    if c.low_rank == "on" and (c.client_optimizer != "sgd" or c.weight_decay != 0):
         raise ConfigError(
-            "low_rank=on needs a dense model (mclr or mlp) trained with plain SGD "
-            f"(client_optimizer=sgd, weight_decay=0); got model={c.model}, "
+            "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
             f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
         )
     for name in ("clients", "rounds", "batch_size", "local_epochs", "eval_every"):

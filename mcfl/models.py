@@ -46,27 +46,106 @@ class MLP(nn.Module):
         return nn.Dense(self.num_classes)(x)
 
 
+def conv_as_matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """A stride-1 'same' convolution of images [B, H, W, C_in] with `kernel` [kh, kw, C_in,
+    C_out] (odd kh, kw) as one matmul: the kh * kw shifted views of the zero-padded images,
+    concatenated on the channel axis in the kernel's (kh, kw, C_in) order, times the kernel
+    reshaped to [kh * kw * C_in, C_out]. The same arithmetic as `flax.linen.Conv` (checked in
+    tests/test_models.py), but XLA:CPU runs it as a plain matmul, also when vmapped over
+    clients, where its convolution kernels are 7x slower than PyTorch's (BENCHMARKS.md)."""
+    kh, kw, c_in, c_out = kernel.shape
+    _, h, w, _ = x.shape
+    padded = jnp.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
+    patches = jnp.concatenate(
+        [padded[:, i:i + h, j:j + w, :] for i in range(kh) for j in range(kw)], axis=-1)
+    return patches @ kernel.reshape(kh * kw * c_in, c_out)
+
+
+class PatchConv(nn.Module):
+    """`flax.linen.Conv` (stride 1, 'same' padding, odd kernel) computed by `conv_as_matmul`;
+    the same parameters ("kernel" [kh, kw, C_in, C_out], "bias") and initialisers."""
+
+    features: int
+    kernel_size: tuple[int, int] = (5, 5)
+
+    @nn.compact
+    def __call__(self, x):
+        kh, kw = self.kernel_size
+        kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                            (kh, kw, x.shape[-1], self.features))
+        bias = self.param("bias", nn.initializers.zeros_init(), (self.features,))
+        return conv_as_matmul(x, kernel) + bias
+
+
+def max_pool_2x2(x: jax.Array) -> jax.Array:
+    """2x2 max-pool with stride 2 of [B, H, W, C] (H, W even) as a reshape and a max."""
+    b, h, w, c = x.shape
+    return jnp.max(x.reshape(b, h // 2, 2, w // 2, 2, c), axis=(2, 4))
+
+
+CONV_IMPLEMENTATIONS = ("auto", "matmul", "xla")  # as config.CONVS
+
+
+def resolve_conv(conv: str, backend: Optional[str] = None) -> str:
+    """"auto": `conv_as_matmul` on CPU, XLA's convolution (cuDNN and the TPU's own) elsewhere."""
+    if conv != "auto":
+        return conv
+    return "matmul" if (backend or jax.default_backend()) == "cpu" else "xla"
+
+
 class ConvNet(nn.Module):
     """Two 5x5 'same' conv layers (each ReLU + 2x2 max-pool), one hidden dense layer.
 
     With ``features=(32, 64)`` and ``dense=1024`` this is FlexCFL's FashionMNIST CNN; with
-    ``dense=2048`` and 62 classes it is the LEAF FEMNIST CNN (Caldas et al., 2018).
+    ``dense=2048`` and 62 classes it is the LEAF FEMNIST CNN (Caldas et al., 2018). `conv`
+    "matmul" computes the convolutions and pools as matmuls and reshapes, "xla" with
+    `flax.linen.Conv` and `max_pool`: the same parameters and results either way.
+
+    Besides ``__call__``, `trunk` (image -> the hidden dense layer's inputs) and `head` (its
+    pre-activations -> logits) let the engine keep that layer's kernel change in factored form.
     """
 
     num_classes: int
     image_shape: tuple[int, int, int] = (28, 28, 1)
     features: tuple[int, int] = (32, 64)
     dense: int = 1024
+    conv: str = "matmul"
 
-    @nn.compact
-    def __call__(self, x):
+    def setup(self):
+        # Attribute names are the parameter names (Conv_0, Conv_1, Dense_0, Dense_1).
+        if self.conv == "matmul":
+            self.Conv_0, self.Conv_1 = (PatchConv(w, (5, 5)) for w in self.features)
+        else:
+            self.Conv_0, self.Conv_1 = (nn.Conv(w, kernel_size=(5, 5), padding="SAME")
+                                        for w in self.features)
+        self.Dense_0 = nn.Dense(self.dense)
+        self.Dense_1 = nn.Dense(self.num_classes)
+
+    def trunk(self, x):
         x = x.reshape((x.shape[0],) + tuple(self.image_shape))
-        for width in self.features:
-            x = nn.relu(nn.Conv(width, kernel_size=(5, 5), padding="SAME")(x))
-            x = nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
-        x = x.reshape((x.shape[0], -1))
-        x = nn.relu(nn.Dense(self.dense)(x))
-        return nn.Dense(self.num_classes)(x)
+        for conv in (self.Conv_0, self.Conv_1):
+            x = nn.relu(conv(x))
+            if self.conv == "matmul":
+                x = max_pool_2x2(x)
+            else:
+                x = nn.max_pool(x, window_shape=(2, 2), strides=(2, 2))
+        return x.reshape((x.shape[0], -1))
+
+    def head(self, z):
+        return self.Dense_1(nn.relu(z))
+
+    def __call__(self, x):
+        return self.head(self.Dense_0(self.trunk(x)))
+
+
+class FactoredLayer(NamedTuple):
+    """A model seen as ``head(params, trunk(params, x) @ kernel + bias)`` around one large
+    dense layer `name`: what lets the engine keep that kernel's change as factors
+    (`mcfl.engine.local_train_factored`) while autodiff handles everything else."""
+
+    name: str
+    trunk: Callable  # (params, x) -> [B, in]
+    head: Callable  # (params, z [B, out]) -> logits
 
 
 MODEL_NAMES = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
@@ -86,6 +165,8 @@ class ModelSpec(NamedTuple):
     # For a ReLU stack of dense layers on the flattened input (mclr, mlp): the layers' parameter
     # names in order, which lets the engine train it in factored form (`mcfl.lowrank`).
     dense_layers: Optional[tuple[str, ...]] = None
+    # For a model with one large dense layer after a trunk (the CNNs): that decomposition.
+    factored: Optional[FactoredLayer] = None
 
     def init(self, key: jax.Array):
         dummy = jnp.zeros((1,) + tuple(self.feature_shape), jnp.float32)
@@ -119,9 +200,11 @@ def make_model(
     feature_shape: tuple[int, ...],
     num_classes: int,
     hidden: Sequence[int] = (200, 200),
+    conv: str = "auto",
 ) -> ModelSpec:
-    """Build a model by its registry name for inputs of `feature_shape`."""
-    dense_layers = None
+    """Build a model by its registry name for inputs of `feature_shape`; `conv` picks how the
+    CNNs compute their convolutions (`resolve_conv`)."""
+    dense_layers, factored = None, None
     if name == "mclr":
         module = MCLR(num_classes)
         dense_layers = ("Dense_0",)
@@ -130,13 +213,21 @@ def make_model(
             raise ConfigError(f"hidden widths must be positive integers, got {tuple(hidden)}")
         module = MLP(tuple(int(h) for h in hidden), num_classes)
         dense_layers = tuple(f"Dense_{i}" for i in range(len(hidden) + 1))
-    elif name == "cnn-fmnist":
-        module = ConvNet(num_classes, _image_shape(feature_shape), dense=1024)
-    elif name == "cnn-leaf":
-        module = ConvNet(num_classes, _image_shape(feature_shape), dense=2048)
+    elif name in ("cnn-fmnist", "cnn-leaf"):
+        if conv not in CONV_IMPLEMENTATIONS:
+            raise choice_error("conv", conv, CONV_IMPLEMENTATIONS)
+        module = ConvNet(num_classes, _image_shape(feature_shape),
+                         dense=1024 if name == "cnn-fmnist" else 2048, conv=resolve_conv(conv))
+        factored = FactoredLayer(
+            "Dense_0",
+            lambda params, x: module.apply({"params": params}, x.astype(jnp.float32),
+                                           method=ConvNet.trunk),
+            lambda params, z: module.apply({"params": params}, z, method=ConvNet.head),
+        )
     else:
         raise choice_error("model", name, MODEL_NAMES)
-    return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module), dense_layers)
+    return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module), dense_layers,
+                     factored)
 
 
 def count_params(params) -> int:

@@ -109,7 +109,8 @@ def _run(
             f"clients={config.clients}; build it from the same config"
         )
     data = dataset.arrays
-    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
+    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
+                       config.conv)
     key = jax.random.key(config.seed)
     init_key, rounds_key = jax.random.split(key)
     params_count = count_params(jax.eval_shape(model.init, init_key))
@@ -118,8 +119,10 @@ def _run(
     low_rank = config.shift == "none" and engine.low_rank_capacity(
         local_training(config, model), data, jax.eval_shape(jax.vmap(model.init), init_key[None])
     ) is not None
-    block_size = config.block_size or engine.default_block_size(params_count, per_round,
-                                                                low_rank=low_rank)
+    # Blocks of the dense-stack path share products and want many clients; a CNN's factored
+    # layer is per client, sized like the per-client path.
+    block_size = config.block_size or engine.default_block_size(
+        params_count, per_round, low_rank=low_rank and model.dense_layers is not None)
     algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 

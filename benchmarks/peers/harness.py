@@ -1,8 +1,10 @@
 """Command line, timing and correctness check shared by the peer benchmark scripts.
 
 Standard library and NumPy only. A peer script supplies a *runner factory*
-``make_runner(workload, args) -> runner`` (``args``: the parsed command line); the runner starts
-from ``workload.params`` and has
+``make_runner(workload, args) -> runner`` (``args``: the parsed command line) and the workload
+module it runs (``workload`` for the MLP round, ``cnn_workload`` for the CNN round; both give
+``make_workload``, ``reference_round``, ``max_abs_diff``, ``LEARNING_RATE`` and
+``DEFAULT_CLIENTS``); the runner starts from ``workload.params`` and has
 
 - ``run_round()``: one full FedAvg round (all clients train + average), finished on return
   (any asynchronous work blocked on), making the result the new global model;
@@ -38,10 +40,11 @@ AddArguments = Callable[[argparse.ArgumentParser], None]
 
 
 def parse_args(add_arguments: AddArguments | None = None,
-               argv: list[str] | None = None) -> argparse.Namespace:
+               argv: list[str] | None = None, default_clients: int = 1000) -> argparse.Namespace:
     """The common command line of the peer scripts, plus a script's own options."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=1000, help="clients C (default 1000)")
+    parser.add_argument("--clients", type=int, default=default_clients,
+                        help=f"clients C (default {default_clients})")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds to time; the first is reported apart (compilation)")
     parser.add_argument("--seed", type=int, default=0)
@@ -78,22 +81,23 @@ def summarize(times: list[float]) -> dict:
     }
 
 
-def check(make_runner: RunnerFactory, args: argparse.Namespace) -> tuple[bool, dict]:
+def check(make_runner: RunnerFactory, args: argparse.Namespace,
+          workload=wl) -> tuple[bool, dict]:
     """One round on a small workload against ``workload.reference_round``."""
-    work = wl.make_workload(args.check_clients, args.seed, args.data)
+    work = workload.make_workload(args.check_clients, args.seed, args.data)
     runner = make_runner(work, args)
     runner.run_round()
-    expected = wl.reference_round(work.x, work.y, work.params, wl.LEARNING_RATE)
-    diff = wl.max_abs_diff(runner.global_params(), expected)
-    moved = wl.max_abs_diff(work.params, expected)
+    expected = workload.reference_round(work.x, work.y, work.params, workload.LEARNING_RATE)
+    diff = workload.max_abs_diff(runner.global_params(), expected)
+    moved = workload.max_abs_diff(work.params, expected)
     ok = bool(np.isfinite(diff) and diff <= args.tol)
     return ok, {"clients": args.check_clients, "max_abs_diff": diff,
                 "max_abs_update": moved, "tol": args.tol, "ok": ok, "source": work.source}
 
 
-def benchmark(make_runner: RunnerFactory, args: argparse.Namespace) -> dict:
+def benchmark(make_runner: RunnerFactory, args: argparse.Namespace, workload=wl) -> dict:
     """Time ``args.rounds`` rounds on ``args.clients`` clients."""
-    work = wl.make_workload(args.clients, args.seed, args.data)
+    work = workload.make_workload(args.clients, args.seed, args.data)
     setup_start = time.perf_counter()
     runner = make_runner(work, args)
     setup = time.perf_counter() - setup_start
@@ -103,18 +107,19 @@ def benchmark(make_runner: RunnerFactory, args: argparse.Namespace) -> dict:
 
 
 def main(make_runner: RunnerFactory, describe: Describe, add_arguments: AddArguments | None = None,
-         argv: list[str] | None = None) -> int:
+         argv: list[str] | None = None, workload=wl) -> int:
     """Run a peer script: ``--check`` or a timing; print and optionally write JSON.
 
     ``describe(args)`` gives the result's ``name`` and the versions/settings to report.
     """
-    args = parse_args(add_arguments, argv)
+    args = parse_args(add_arguments, argv, getattr(workload, "DEFAULT_CLIENTS", 1000))
     about = describe(args)
     if args.check:
-        ok, outcome = check(make_runner, args)
+        ok, outcome = check(make_runner, args, workload)
         result = {"name": about["name"], "check": outcome, **about}
     else:
-        ok, result = True, {"name": about["name"], **benchmark(make_runner, args), **about}
+        ok, result = True, {"name": about["name"], **benchmark(make_runner, args, workload),
+                            **about}
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -55,6 +55,7 @@ def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
         sgd_lr=config.lr if plain_sgd(config) else None,
         dense_layers=model.dense_layers,
         low_rank=config.low_rank,
+        factored=model.factored,
     )
 
 
