@@ -35,3 +35,34 @@ def test_bad_models():
         make_model("resnet", (60,), 10)
     with pytest.raises(ConfigError, match="square images"):
         make_model("cnn-fmnist", (60,), 10)
+
+
+def test_matmul_convolutions_equal_flax_conv_in_values_and_gradients():
+    """The CNN's 'matmul' code (shifted views + one matmul, reshape max-pool) has the same
+    parameters as flax nn.Conv + max_pool and gives the same logits and gradients."""
+    import jax.numpy as jnp
+    import optax
+
+    from mcfl.models import conv_as_matmul
+
+    fast = make_model("cnn-fmnist", (12, 12), 5, conv="matmul")
+    flax_conv = make_model("cnn-fmnist", (12, 12), 5, conv="xla")
+    params = fast.init(jax.random.key(0))
+    same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), params,
+                        flax_conv.init(jax.random.key(0)))
+    assert all(jax.tree.leaves(same))
+    x = jax.random.normal(jax.random.key(1), (6, 12, 12))
+    y = jnp.arange(6) % 5
+
+    def loss(model, p):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+    np.testing.assert_allclose(fast.apply(params, x), flax_conv.apply(params, x), atol=1e-5)
+    g_fast, g_flax = (jax.grad(lambda p, m=m: loss(m, p))(params) for m in (fast, flax_conv))
+    for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_flax)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+    # One 3 x 3 convolution by hand: a single 1 in the image copies the flipped kernel.
+    image = jnp.zeros((1, 5, 5, 1)).at[0, 2, 2, 0].set(1.0)
+    kernel = jnp.arange(9.0).reshape(3, 3, 1, 1)
+    out = conv_as_matmul(image, kernel)[0, :, :, 0]
+    np.testing.assert_array_equal(out[1:4, 1:4], np.arange(9.0).reshape(3, 3)[::-1, ::-1])
