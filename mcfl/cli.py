@@ -177,10 +177,17 @@ def _progress_bar(total: int, desc: str):
 
 
 def cmd_run(args) -> int:
+    from mcfl import distributed
     from mcfl.runner import run
 
     config = config_from_args(args)
+    if args.coordinator is not None or args.num_processes is not None \
+            or args.process_id is not None:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     out = Path(args.out) if args.out else _default_out(config)
+    if not distributed.is_leader():  # process 0 of a multi-process run reports and writes
+        run(config, out_dir=None, cache_dir=cache_dir_from_args(args))
+        return 0
     bar, update = _progress_bar(config.rounds, config.algorithm)
     try:
         result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args),
@@ -305,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flags(p_run)
     add_compile_cache_flag(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
+    p_run.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="multi-process run: the address of process 0 (see README)")
+    p_run.add_argument("--num-processes", type=int, metavar="N",
+                       help="multi-process run: how many processes take part")
+    p_run.add_argument("--process-id", type=int, metavar="I",
+                       help="multi-process run: this process's rank, 0 .. N-1 (0 writes --out)")
     p_run.add_argument("--profile", metavar="DIR",
                        help="write a jax.profiler trace of rounds 2-3 to DIR (with "
                        "--scan-rounds: of the second chunk of rounds)")

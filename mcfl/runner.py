@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import engine, output
+from mcfl import distributed, engine, output
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig
@@ -76,21 +76,25 @@ def run(
     run has one round; with ``config.scan_rounds``, the second chunk of rounds) is written there
     for TensorBoard or Perfetto.
     """
-    with _client_mesh(config.devices):
-        return _run(config, out_dir, progress, dataset, cache_dir, profile_dir)
+    mesh = _client_mesh(config.devices)
+    with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        if not distributed.is_leader():  # in a multi-process run, process 0 reports
+            out_dir, progress = None, None
+        return _run(config, out_dir, progress, dataset, cache_dir, profile_dir, mesh)
 
 
-def _client_mesh(devices: Optional[int]):
-    """The context that shards clients over `devices` local devices (None: all of them);
-    nothing to do for one device."""
+def _client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:
+    """The mesh that shards clients over `devices` devices (None: all of them, of every
+    process); None for one device."""
     available = len(jax.devices())
     count = available if devices is None else devices
     if count > available:
         raise ConfigError(f"devices={count} but this machine has {available} "
                           f"{jax.default_backend()} device(s); use --devices 1..{available}")
-    if count == 1:
-        return contextlib.nullcontext()
-    return jax.set_mesh(engine.client_mesh(count))
+    if distributed.process_count() > 1 and count != available:
+        raise ConfigError(f"a run over {distributed.process_count()} processes uses all their "
+                          f"{available} devices; leave --devices unset")
+    return None if count == 1 else engine.client_mesh(count)
 
 
 def _run(
@@ -100,8 +104,10 @@ def _run(
     dataset: Optional[FederatedDataset] = None,
     cache_dir: Optional[str | Path] = None,
     profile_dir: Optional[str | Path] = None,
+    mesh: Optional[jax.sharding.Mesh] = None,
 ) -> RunResult:
     started = time.perf_counter()
+    replicated = distributed.replicated_outputs(mesh)
     dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     if dataset.num_clients != config.clients:
         raise ConfigError(
@@ -126,9 +132,9 @@ def _run(
     algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 
-    state = jax.jit(algorithm.init)(data, init_key)
-    rounds = RoundRunner(algorithm, config.scan_rounds)
-    evaluator = Evaluator(algorithm, model.apply, eval_block)
+    state = jax.jit(algorithm.init, **replicated)(data, init_key)
+    rounds = RoundRunner(algorithm, config.scan_rounds, replicated)
+    evaluator = Evaluator(algorithm, model.apply, eval_block, replicated)
     chunks = round_chunks(config.rounds, config.eval_every, config.scan_rounds)
     later = ()
     if algorithm.assignments is not None:  # cluster metrics arrive with evaluated rounds
@@ -248,12 +254,14 @@ class RoundRunner:
     once per chunk length. The state is donated, so an algorithm that updates part of a large
     state (Local's [C, ...] models) does it in place instead of copying it every round."""
 
-    def __init__(self, algorithm: FederatedAlgorithm, scanned: bool):
+    def __init__(self, algorithm: FederatedAlgorithm, scanned: bool, jit_options=None):
+        jit_options = jit_options or {}  # out_shardings of a multi-process run
         if scanned:
             self._fn = jax.jit(functools.partial(scan_rounds, algorithm), static_argnums=(4,),
-                               donate_argnums=(0,))
+                               donate_argnums=(0,), **jit_options)
         else:
-            self._fn = jax.jit(functools.partial(_one_round, algorithm), donate_argnums=(0,))
+            self._fn = jax.jit(functools.partial(_one_round, algorithm), donate_argnums=(0,),
+                               **jit_options)
         self._scanned = scanned
         self._compiled: dict[int, Any] = {}
 
@@ -284,10 +292,11 @@ class Evaluator:
     """Per-client test metrics of the models the algorithm assigns to each client, on a
     program compiled once."""
 
-    def __init__(self, algorithm: FederatedAlgorithm, apply_fn, block_size: int):
+    def __init__(self, algorithm: FederatedAlgorithm, apply_fn, block_size: int,
+                 jit_options=None):
         self._algorithm = algorithm
         self._fn = jax.jit(functools.partial(_evaluation_counts, algorithm, apply_fn,
-                                             block_size))
+                                             block_size), **(jit_options or {}))
         self._compiled = None
 
     def compile(self, state, dataset: FederatedDataset) -> None:
