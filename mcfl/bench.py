@@ -79,44 +79,55 @@ class Point:
 # Data
 
 
-def fill_mixture(
-    rng: np.random.Generator,
-    out: np.ndarray,
-    centers: np.ndarray,
-    component: np.ndarray,
-    scale: float = 1.0,
-) -> np.ndarray:
-    """Fill `out` [n, d] float32 in place with ``centers[component[j]] + scale * noise_j``.
+def mixture_blocks(rng: np.random.Generator, n: int, centers: np.ndarray,
+                   component: np.ndarray, scale: float = 1.0):
+    """Rows ``centers[component[j]] + scale * noise_j`` of an [n, d] float32 array, generated
+    in blocks: yields (first row, block) with one block buffer reused (copy it to keep it).
 
     The noise of a row is one of a bank of (at most NOISE_BANK) Gaussian N(0, I) vectors, picked
     at random: drawing n x d fresh normals would take most of the time at 100,000 clients, and
-    the work a round does does not depend on the values. Rows are built
-    block by block straight into `out`, so no second n x d array is made.
+    the work a round does does not depend on the values.
     """
-    n, d = out.shape
+    d = centers.shape[1]
     rows = max(1, min(n, NOISE_BANK, NOISE_BANK_ELEMENTS // max(1, d)))
     bank = rng.standard_normal((rows, d), dtype=np.float32)
     bank *= np.float32(scale)
     step = max(1, CHUNK_ELEMENTS // max(1, d))
-    noise = np.empty((min(n, step), d), np.float32)
+    block = np.empty((min(n, step), d), np.float32)
+    noise = np.empty_like(block)
     for start in range(0, n, step):
-        block = out[start:start + step]
-        np.take(centers, component[start:start + step], axis=0, out=block, mode="clip")
-        np.take(bank, rng.integers(0, len(bank), len(block)), axis=0, out=noise[:len(block)],
-                mode="clip")
-        block += noise[:len(block)]
+        size = min(step, n - start)
+        np.take(centers, component[start:start + size], axis=0, out=block[:size], mode="clip")
+        np.take(bank, rng.integers(0, len(bank), size), axis=0, out=noise[:size], mode="clip")
+        block[:size] += noise[:size]
+        yield start, block[:size]
+
+
+def fill_mixture(rng: np.random.Generator, out, centers: np.ndarray, component: np.ndarray,
+                 scale: float = 1.0):
+    """Fill `out` [n, d] (a float32 NumPy array, or a `DeviceRows` buffer) block by block with
+    `mixture_blocks`, so no second n x d array is made."""
+    n = out.shape[0] if isinstance(out, np.ndarray) else out.array.shape[0]
+    for start, block in mixture_blocks(rng, n, centers, component, scale):
+        if isinstance(out, np.ndarray):
+            out[start:start + len(block)] = block
+        else:
+            out.write(start, block)
     return out
 
 
 def _mixture_rows(rng: np.random.Generator, means: np.ndarray, group: np.ndarray, rows: int):
     """`rows` labelled rows per client: client i's rows come from the class means of its
-    group ``group[i]``. Returns (x, y, owner), sorted by client."""
+    group ``group[i]``, written straight to the device. Returns (x, y, owner), sorted by
+    client."""
+    from mcfl.data.federated import DeviceRows
+
     num_groups, num_classes, num_features = means.shape
     owner = np.repeat(np.arange(group.size), rows)
     y = rng.integers(0, num_classes, owner.size)
-    x = np.empty((owner.size, num_features), np.float32)
+    x = DeviceRows((owner.size, num_features))
     fill_mixture(rng, x, means.reshape(-1, num_features), group[owner] * num_classes + y)
-    return x, y, owner
+    return x.array, y, owner
 
 
 def benchmark_dataset(
@@ -140,18 +151,10 @@ def benchmark_dataset(
     means_rng, train_rng, test_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
-    import jax
-
     means = means_rng.standard_normal((num_groups, num_classes, num_features), dtype=np.float32)
     group = np.arange(num_clients) % num_groups
-
-    def on_device(rng, rows):
-        # each split moves to the device before the next is built: the host holds one split
-        x, y, owner = _mixture_rows(rng, means, group, rows)
-        return jax.block_until_ready(jax.device_put(x)), y, owner
-
-    train = on_device(train_rng, rows_per_client)
-    test = on_device(test_rng, test_rows_per_client)
+    train = _mixture_rows(train_rng, means, group, rows_per_client)
+    test = _mixture_rows(test_rng, means, group, test_rows_per_client)
     return from_splits("bench", train, test, num_clients, num_classes, true_cluster=group)
 
 
@@ -256,8 +259,13 @@ def _measure_training(point: Point) -> dict:
             "round_seconds": seconds,
             "samples_per_round": samples,
             "samples_per_second": samples / steady,
-            # init (FeSEM's k-means, FlexCFL's cold start), the final evaluation, bookkeeping
-            "other_seconds": summary["wall_seconds"] - sum(seconds),
+            # initialisation (FeSEM's local models and k-means, IFCA's identities, FlexCFL's
+            # cold start), with its compilation
+            "init_seconds": summary["init_seconds"],
+            "compile_seconds": summary["compile_seconds"],
+            # the rest: the final evaluation, bookkeeping
+            "other_seconds": (summary["wall_seconds"] - sum(seconds) - summary["init_seconds"]
+                              - summary["compile_seconds"]),
             "num_params": summary["num_params"],
             "block_size": summary["block_size"],
             "clients_per_round": summary["clients_per_round"],
@@ -295,6 +303,7 @@ def _measure_clustering(point: Point) -> dict:
     import jax
 
     from mcfl.clustering import kmeans
+    from mcfl.data.federated import DeviceRows
 
     restarts = FIELDS["fesem_restarts"].default
     num_params = model_num_params(point.model)
@@ -303,9 +312,9 @@ def _measure_clustering(point: Point) -> dict:
         rng = np.random.default_rng(point.seed)
         centers = rng.standard_normal((point.clusters, num_params), dtype=np.float32)
         group = np.arange(point.clients) % point.clusters
-        vectors = np.empty((point.clients, num_params), np.float32)
+        vectors = DeviceRows((point.clients, num_params))  # built on the device, no host copy
         fill_mixture(rng, vectors, centers, group, scale=0.5)
-        return jax.block_until_ready(jax.device_put(vectors))  # one copy (jnp.asarray makes 2)
+        return jax.block_until_ready(vectors.array)
 
     def work(vectors) -> dict:
         step = jax.jit(kmeans, static_argnames=("k", "restarts"))

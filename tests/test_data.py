@@ -27,6 +27,28 @@ def test_synthetic_follows_the_fedprox_recipe():
     )
 
 
+def test_synthetic_rows_do_not_depend_on_the_generation_chunk(monkeypatch):
+    """Rows are generated chunk by chunk straight into the train and test arrays on the device:
+    chunks of 7 rows (splitting clients across chunks) give the very same dataset."""
+    from mcfl.data import synthetic
+
+    whole = generate_synthetic(6, 1.0, 1.0, seed=2)
+    monkeypatch.setattr(synthetic, "_CHUNK", 7)
+    chunked = generate_synthetic(6, 1.0, 1.0, seed=2)
+    for name in ("x_train", "y_train", "x_test", "y_test", "train_counts", "test_counts"):
+        np.testing.assert_array_equal(getattr(whole.arrays, name), getattr(chunked.arrays, name))
+
+
+def test_device_rows_are_filled_chunk_by_chunk():
+    from mcfl.data.federated import DeviceRows
+
+    values = np.arange(30, dtype=np.float32).reshape(10, 3)
+    rows = DeviceRows((10, 3))
+    for start in (0, 4, 8):
+        rows.write(start, values[start:start + 4])
+    np.testing.assert_array_equal(rows.array, values)
+
+
 def _label_spread(ds):
     """Mean total-variation distance between client label histograms and the pooled one."""
     y, owner = np.asarray(ds.arrays.y_train), np.asarray(ds.arrays.train_owner)

@@ -8,6 +8,7 @@ handled by the engine with masks, so the shapes below are fixed for a whole run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Optional
 
@@ -54,6 +55,28 @@ class FederatedData(flax.struct.PyTreeNode):
     @property
     def num_clients(self) -> int:
         return self.train_counts.shape[0]
+
+
+class DeviceRows:
+    """A [n, ...] array on the device, written chunk by chunk.
+
+    Generators fill it as they go, so building N rows holds them once (on the device) plus a
+    chunk on the host, instead of a host copy and a device copy. Each write updates the buffer
+    in place (it is donated to a jitted `dynamic_update_slice`).
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype=jnp.float32):
+        self.array = jnp.zeros(shape, dtype)
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        if len(rows):
+            self.array = _write_rows(self.array, jnp.asarray(rows, self.array.dtype),
+                                     jnp.int32(start))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(buffer, rows, start):
+    return jax.lax.dynamic_update_slice_in_dim(buffer, rows, start, axis=0)
 
 
 def client_label_counts(owner: jax.Array, labels: jax.Array, num_clients: int,

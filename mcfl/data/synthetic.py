@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcfl.data.federated import FederatedDataset, from_splits
+from mcfl.data.federated import DeviceRows, FederatedDataset, from_splits
 from mcfl.errors import DataError
 
 DIMENSION = 60
@@ -28,9 +28,9 @@ def generate_synthetic(
 ) -> FederatedDataset:
     """Generate Synthetic(alpha, beta) for `num_clients` clients, reproducibly from `seed`.
 
-    Rows are generated in chunks straight into the float32 train and test arrays, so the build
-    holds the rows once on the host (plus one chunk), then once more while they are copied to
-    the device. A client's first ``floor((1 - test_fraction) m)`` rows (at least one, and at
+    Rows are generated in chunks and written straight into float32 train and test arrays on
+    the device (`DeviceRows`), so the build holds the rows once, plus a chunk. A client's
+    first ``floor((1 - test_fraction) m)`` rows (at least one, and at
     least one left for testing when m >= 2) are its training rows: its rows are i.i.d., so
     this is a random split.
     """
@@ -54,10 +54,9 @@ def generate_synthetic(
     n_train = np.clip(n_train, 1, np.maximum(sizes - 1, 1))
     first_row = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     total = int(sizes.sum())
-    x_train = np.empty((int(n_train.sum()), DIMENSION), np.float32)
-    y_train = np.empty(len(x_train), np.int32)
-    x_test = np.empty((total - len(x_train), DIMENSION), np.float32)
-    y_test = np.empty(len(x_test), np.int32)
+    num_train = int(n_train.sum())
+    x_train, x_test = DeviceRows((num_train, DIMENSION)), DeviceRows((total - num_train, DIMENSION))
+    y_train, y_test = np.empty(num_train, np.int32), np.empty(total - num_train, np.int32)
     filled = [0, 0]  # rows written so far to train, test
     for start in range(0, total, _CHUNK):
         rows = np.arange(start, min(start + _CHUNK, total))
@@ -75,14 +74,14 @@ def generate_synthetic(
         for part, (x_out, y_out) in enumerate(((x_train, y_train), (x_test, y_test))):
             mask = is_train if part == 0 else ~is_train
             k = int(mask.sum())
-            x_out[filled[part]:filled[part] + k] = xc[mask]
+            x_out.write(filled[part], xc[mask])
             y_out[filled[part]:filled[part] + k] = yc[mask]
             filled[part] += k
     clients = np.arange(num_clients)
     return from_splits(
         f"synthetic({alpha:g},{beta:g})",
-        (x_train, y_train, np.repeat(clients, n_train)),
-        (x_test, y_test, np.repeat(clients, sizes - n_train)),
+        (x_train.array, y_train, np.repeat(clients, n_train)),
+        (x_test.array, y_test, np.repeat(clients, sizes - n_train)),
         num_clients,
         NUM_CLASSES,
     )
