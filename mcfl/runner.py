@@ -77,10 +77,14 @@ def run(
     for TensorBoard or Perfetto.
     """
     mesh = _client_mesh(config.devices)
+    started = time.perf_counter()
+    # Built outside the mesh: each process builds the same data from the config and seed
+    # as plain (single-device) arrays; the rounds use them as replicated inputs.
+    dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         if not distributed.is_leader():  # in a multi-process run, process 0 reports
             out_dir, progress = None, None
-        return _run(config, out_dir, progress, dataset, cache_dir, profile_dir, mesh)
+        return _run(config, dataset, started, out_dir, progress, profile_dir, mesh)
 
 
 def _client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:
@@ -99,16 +103,14 @@ def _client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:
 
 def _run(
     config: RunConfig,
+    dataset: FederatedDataset,
+    started: float,
     out_dir: Optional[str | Path] = None,
     progress: Optional[Callable[[int, dict], None]] = None,
-    dataset: Optional[FederatedDataset] = None,
-    cache_dir: Optional[str | Path] = None,
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> RunResult:
-    started = time.perf_counter()
     replicated = distributed.replicated_outputs(mesh)
-    dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     if dataset.num_clients != config.clients:
         raise ConfigError(
             f"the dataset passed has {dataset.num_clients} clients but the config says "

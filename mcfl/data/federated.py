@@ -204,6 +204,12 @@ def from_owner(
     )
 
 
+def _on_device(x):
+    """Rows as a device array: one copy of host rows (`jax.device_put`: ``jnp.asarray`` holds
+    two at peak); rows already on the device are used as they are."""
+    return x if isinstance(x, jax.Array) else jax.device_put(x)
+
+
 def from_splits(
     name: str,
     train: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -245,12 +251,12 @@ def from_splits(
     if len(client_ids) != num_clients:
         raise DataError(f"got {len(client_ids)} client ids for {num_clients} clients")
     arrays = FederatedData(
-        x_train=jax.device_put(xtr),
+        x_train=_on_device(xtr),
         y_train=jnp.asarray(ytr, jnp.int32),
         train_owner=jnp.asarray(otr, jnp.int32),
         train_offsets=jnp.asarray(offtr, jnp.int32),
         train_counts=jnp.asarray(ctr, jnp.int32),
-        x_test=jax.device_put(xte),
+        x_test=_on_device(xte),
         y_test=jnp.asarray(yte, jnp.int32),
         test_owner=jnp.asarray(ote, jnp.int32),
         test_offsets=jnp.asarray(offte, jnp.int32),
