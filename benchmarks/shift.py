@@ -34,7 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=100)
     args = parser.parse_args()
-    base = mcfl.RunConfig(dataset="fmnist", partition="permuted:4", clients=200, rounds=args.rounds,
+    base = mcfl.RunConfig(algorithm="fedgroup", dataset="fmnist", partition="permuted:4",
+                          clients=200, rounds=args.rounds,
                           clients_per_round=20, clusters=4, pretrain_scale=5, model="mclr",
                           lr=0.05, local_epochs=1, eval_every=10, seed=0)
     dataset = load_dataset(base)

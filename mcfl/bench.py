@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mcfl.config import FIELDS, RunConfig
+from mcfl.config import RunConfig
 from mcfl.errors import ConfigError, choice_error
 
 CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone
@@ -168,7 +168,15 @@ def training_config(point: Point) -> RunConfig:
     per_round = point.clients_per_round
     if not isinstance(per_round, float):
         per_round = min(int(per_round), point.clients)
-    pretrain_scale = FIELDS["pretrain_scale"].default
+    from mcfl import settings
+    from mcfl.algorithms import registry
+
+    extra = {}
+    takes = settings.fields_of(registry.get(point.algorithm).params)
+    if "pretrain_scale" in takes:
+        # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.
+        default = takes["pretrain_scale"].default
+        extra["pretrain_scale"] = max(1, min(default, point.clients // point.clusters))
     return RunConfig(
         algorithm=point.algorithm,
         clients=point.clients,
@@ -182,8 +190,7 @@ def training_config(point: Point) -> RunConfig:
         conv=point.conv,
         eval_every=point.rounds,
         clusters=point.clusters,
-        # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.
-        pretrain_scale=max(1, min(pretrain_scale, point.clients // point.clusters)),
+        **extra,
     )
 
 
@@ -302,10 +309,11 @@ def _measure_clustering(point: Point) -> dict:
     on one vector of the model's parameter count per client, in K planted groups."""
     import jax
 
+    from mcfl.algorithms.fesem import FeSEMParams
     from mcfl.clustering import kmeans
     from mcfl.data.federated import DeviceRows
 
-    restarts = FIELDS["fesem_restarts"].default
+    restarts = FeSEMParams().restarts
     num_params = model_num_params(point.model)
 
     def build():

@@ -1,7 +1,9 @@
 """The `mcfl` command line: `mcfl run`, `mcfl data`, `mcfl compare`, `mcfl demo`, `mcfl bench`.
 
-Every RunConfig field is a flag (``local_epochs`` -> ``--local-epochs``); ``--config FILE``
-loads a JSON / TOML file whose values the flags given on the command line override.
+Every setting of `RunConfig` and every hyperparameter of a registered algorithm is a flag
+(``local_epochs`` -> ``--local-epochs``, ``fesem_lambda`` -> ``--fesem-lambda``), with its help
+and default taken from the config and the registry; ``--config FILE`` loads a JSON / TOML file
+whose values the flags given on the command line override.
 Bad input ends in one line on stderr and exit code 2, never a traceback.
 """
 
@@ -15,59 +17,8 @@ import typing
 from pathlib import Path
 from typing import Any, Optional
 
-from mcfl.config import FIELDS, RunConfig, from_dict, load_file, parse_hidden
+from mcfl.config import SHARED_FIELDS, RunConfig, all_keys, from_dict, load_file, parse_hidden
 from mcfl.errors import ConfigError, McflError
-
-HELP = {
-    "algorithm": "fedavg | fedprox | fedsgd | local | fesem | ifca | cfl | fedgroup | flexcfl",
-    "clusters": "K: FeSEM centers, IFCA models, CFL's most clusters",
-    "fesem_lambda": "FeSEM's lambda (Eq. 6)",
-    "fesem_restarts": "k-means restarts of FeSEM's initialisation",
-    "fesem_last_layer": "FeSEM clusters on the last dense kernel only",
-    "fesem_weighted": "FeSEM's M-step weighs members by their samples",
-    "cfl_eps1": "CFL splits when the mean update norm < eps1 ...",
-    "cfl_eps2": "... and the largest member update norm > eps2",
-    "cfl_warmup": "CFL: rounds before the first split",
-    "pretrain_scale": "FedGroup's alpha: alpha * clusters clients pre-train for the cold start",
-    "measure": "FedGroup grouping: edc | madc",
-    "eta_g": "FedGroup inter-group aggregation rate (0: none)",
-    "migration": "FlexCFL's shift test: label (label-aware Wasserstein) | counts (authors' code)",
-    "shift": "client-level distribution shift: none | swap_all | swap_part | incremental",
-    "shift_prob": "chance of a swap each round (swap_all, swap_part)",
-    "shift_interval": "incremental: rounds between releases of 25%% more training data",
-    "dataset": "synthetic | mnist5k | mnist | fmnist | digits | leaf | tfds:NAME",
-    "data_dir": "folder holding the dataset's files",
-    "download": "let tensorflow-datasets download the data (never by default)",
-    "partition": "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
-    "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5)",
-    "normalize": "scale | standardize | none (default: the partition recipe's)",
-    "clients": "number of clients",
-    "rounds": "communication rounds",
-    "seed": "seed of the run (initial model, sampling, shuffles)",
-    "data_seed": "seed of the dataset (default: --seed)",
-    "synthetic_alpha": "Synthetic(alpha, beta): how much local models differ",
-    "synthetic_beta": "Synthetic(alpha, beta): how much local inputs differ",
-    "test_fraction": "per-client test share (default: the dataset's recipe)",
-    "model": "mclr | mlp | cnn-fmnist | cnn-leaf",
-    "hidden": "MLP hidden widths, e.g. 200,200",
-    "conv": "CNN convolutions: matmul (shifted views and one matmul, fast on CPU) | xla "
-    "(flax Conv) | auto (matmul on CPU, xla on GPU / TPU)",
-    "lr": "client learning rate (FedSGD: server learning rate)",
-    "batch_size": "local mini-batch size B",
-    "local_epochs": "local epochs E (each ceil(n_i/B) steps)",
-    "local_steps": "a fixed number of local steps instead of epochs",
-    "client_optimizer": "sgd | momentum | adam",
-    "momentum": "momentum of --client-optimizer momentum",
-    "weight_decay": "L2 weight decay on the clients",
-    "mu": "FedProx proximal weight (default 0.01)",
-    "clients_per_round": "clients sampled per round: a count (20) or a fraction (0.1)",
-    "server_lr": "server step toward the clients' average (1 = plain averaging)",
-    "eval_every": "evaluate every N rounds (and after the last)",
-    "scan_rounds": "run the rounds between evaluations as one lax.scan on the device, with no "
-    "host round-trip per round (per-round rows arrive at each evaluation)",
-    "block_size": "clients per vmapped block (default: from model size and backend)",
-}
-
 
 DATA_FLAGS = ("dataset", "data_dir", "download", "partition", "clients", "seed", "data_seed",
               "test_fraction", "normalize", "synthetic_alpha", "synthetic_beta")
@@ -87,28 +38,59 @@ def _count_or_fraction(text: str):
         raise argparse.ArgumentTypeError(f"expected a count or a fraction, got {text!r}") from None
 
 
-def _flag_type(name: str):
-    if name == "hidden":
+def _flag_type(hint):
+    """The argparse type of a setting's type hint (its check comes later, in the config)."""
+    if typing.get_origin(hint) is tuple:
         return parse_hidden
-    if name == "clients_per_round":
+    args = [t for t in typing.get_args(hint) if t is not type(None)]
+    if set(args) == {int, float}:
         return _count_or_fraction
-    hint = typing.get_type_hints(RunConfig)[name]
-    base = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-    return base[0]
+    return (args or [hint])[0]
 
 
-def add_config_flags(parser: argparse.ArgumentParser, names=tuple(FIELDS)) -> None:
+def _help(doc: str, default, owners=()) -> str:
+    where = f"[{', '.join(owners)}] " if owners else ""
+    shown = "" if default is None else f" (default {default})"
+    return (where + doc + shown).replace("%", "%%")
+
+
+def _flag_settings(names=None):
+    """(flat key, type hint, help) of every flag: the shared settings, then each
+    hyperparameter of the registered algorithms once (with the algorithms that take it)."""
+    from mcfl import settings
+    from mcfl.algorithms import registry
+
+    out = []
+    for name, field in SHARED_FIELDS.items():
+        if names is None or name in names:
+            doc = field.metadata["doc"]
+            if name == "algorithm":
+                doc = " | ".join(registry.names())
+            out.append((name, settings.type_of(RunConfig, field), _help(doc, field.default)))
+    if names is not None:
+        return out
+    for key, owners in registry.owners_of_keys().items():
+        spec = registry.get(owners[0])
+        field = settings.fields_of(spec.params)[key]
+        defaults = {settings.fields_of(registry.get(o).params)[key].default for o in owners}
+        default = field.default if len(defaults) == 1 else None
+        out.append((key, settings.type_of(spec.params, field),
+                    _help(settings.doc_of(field), default, owners)))
+    return out
+
+
+def add_config_flags(parser: argparse.ArgumentParser, names=None) -> None:
+    """A flag for every setting (`names`: only these shared ones), derived from the config
+    and the algorithm registry."""
     parser.add_argument("--config", metavar="FILE", help="JSON or TOML config file")
-    for name in names:
-        flag = "--" + name.replace("_", "-")
-        if typing.get_type_hints(RunConfig)[name] is bool:
-            parser.add_argument(flag, dest=name, action="store_true",
-                                default=argparse.SUPPRESS, help=HELP.get(name))
-            continue
-        parser.add_argument(
-            flag, dest=name, type=_flag_type(name), default=argparse.SUPPRESS,
-            help=HELP.get(name),
-        )
+    for key, hint, help_text in _flag_settings(names):
+        flag = "--" + key.replace("_", "-")
+        if hint is bool:
+            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(flag, dest=key, type=_flag_type(hint),
+                                default=argparse.SUPPRESS, help=help_text)
 
 
 def add_cache_flags(parser: argparse.ArgumentParser) -> None:
@@ -152,7 +134,8 @@ def config_from_args(args: argparse.Namespace, base: Optional[dict] = None) -> R
     values: dict[str, Any] = dict(base or {})
     if getattr(args, "config", None):
         values.update(load_file(args.config))
-    values.update({k: v for k, v in vars(args).items() if k in FIELDS})
+    keys = all_keys()
+    values.update({k: v for k, v in vars(args).items() if k in keys})
     return from_dict(values)
 
 
@@ -240,9 +223,9 @@ def cmd_demo(args) -> int:
 
 def cmd_bench(args) -> int:
     from mcfl import bench
-    from mcfl.config import ALGORITHMS
+    from mcfl.config import algorithm_names
 
-    algorithms = bench.parse_names(args.algorithms, ALGORITHMS, "algorithm")
+    algorithms = bench.parse_names(args.algorithms, algorithm_names(), "algorithm")
     models = bench.parse_names(args.models, tuple(bench.FEATURES), "model")
     clients = bench.parse_counts(args.clients) if args.clients else bench.DEFAULT_CLIENTS
     for name in ("rounds", "clusters", "rows_per_client", "batch_size"):
@@ -291,7 +274,8 @@ def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients-per-round", type=_count_or_fraction, default=1.0,
                         help="clients training each round: a count (capped at each point's "
                         "clients) or a fraction (default 1.0: all)")
-    parser.add_argument("--conv", default="auto", help=HELP["conv"] + " (default %(default)s)")
+    parser.add_argument("--conv", default="auto", help=SHARED_FIELDS["conv"].metadata["doc"]
+                        + " (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data and runs")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds before a point is stopped and recorded as failed "

@@ -1,8 +1,12 @@
-"""Run configuration: one frozen dataclass holding every hyperparameter of a run.
+"""Run configuration: the shared settings of a run plus the algorithm's own hyperparameters.
 
 A run is a pure function of (RunConfig, seed): the config fixes every shape, the seed every
-random draw. Configs load from JSON or TOML files (keys are the field names below); unknown keys
-and out-of-range values raise `ConfigError` naming the value and what is allowed.
+random draw. Every setting is typed and documented (`mcfl.settings`); the algorithm's own
+hyperparameters are its registered dataclass (`mcfl.algorithms.registry`), reached as
+``config.params`` and, flat, by their keys (``config.fesem_lambda``). Configs load from JSON or
+TOML files whose keys are the flat keys; unknown keys, values of the wrong type or out of range,
+and hyperparameters of another algorithm raise `ConfigError` naming the key, the value and what
+is allowed.
 """
 
 from __future__ import annotations
@@ -15,12 +19,8 @@ from typing import Any, Optional, Union
 import tomllib
 
 from mcfl.errors import ConfigError, choice_error
+from mcfl.settings import INT64_MAX, setting
 
-ALGORITHMS = ("fedavg", "fedprox", "fedsgd", "local", "fesem", "ifca", "cfl", "fedgroup",
-              "flexcfl")
-CLUSTERED = ("fesem", "ifca", "cfl", "fedgroup", "flexcfl")
-MIGRATIONS = ("label", "counts")
-MEASURES = ("edc", "madc")
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
@@ -31,173 +31,174 @@ LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 
 
-@dataclasses.dataclass(frozen=True)
+def _registry():
+    """The algorithm registry, populated (importing the algorithms imports JAX: done lazily)."""
+    import mcfl.algorithms  # noqa: F401  (registers every algorithm)
+    from mcfl.algorithms import registry
+
+    return registry
+
+
+def algorithm_names() -> tuple[str, ...]:
+    return _registry().names()
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class RunConfig:
-    """Every setting of a run. Defaults follow FlexCFL's setup (B = 10, 20 clients a round)."""
+    """Every setting of a run. Defaults follow FlexCFL's setup (B = 10, 20 clients a round).
 
-    algorithm: str = "fedavg"
-    dataset: str = "synthetic"
-    clients: int = 100
-    rounds: int = 50
-    seed: int = 0
-    data_seed: Optional[int] = None  # None: same as seed
-    data_dir: Optional[str] = None  # where file-based datasets live
-    download: bool = False  # let tensorflow-datasets download (never by default)
-    # "iid", "dirichlet:0.5", "shards:2", "fedprox-mnist", "ditto-fmnist", "rotated:4", ...;
-    # None: natural users for synthetic and leaf, iid otherwise
-    partition: Optional[str] = None
-    test_fraction: Optional[float] = None  # None: the recipe's (0.1 FedProx, 1/7 Ditto, else 0.2)
-    normalize: Optional[str] = None  # scale | standardize | none; None: the recipe's
-    # Synthetic(alpha, beta) (FedProx generator)
-    synthetic_alpha: float = 1.0
-    synthetic_beta: float = 1.0
-    # model
-    model: str = "mclr"
-    hidden: tuple[int, ...] = (200, 200)
-    # CNN convolutions: matmul (shifted views, fast on CPU), xla (flax Conv), auto (by backend)
-    conv: str = "auto"
-    # client training
-    lr: float = 0.01
-    batch_size: int = 10
-    local_epochs: int = 1
-    local_steps: Optional[int] = None  # a fixed number of steps instead of epochs
-    client_optimizer: str = "sgd"
-    momentum: float = 0.9  # used by client_optimizer = "momentum"
-    weight_decay: float = 0.0
-    mu: Optional[float] = None  # FedProx proximal weight; None: 0.01 (the authors' code)
-    # server
-    # a count (int) or a fraction (float); None: min(20, clients)
-    clients_per_round: Optional[Union[int, float]] = None
-    server_lr: float = 1.0
-    # clustered algorithms
-    clusters: int = 4  # K: centers (FeSEM), models (IFCA), most clusters (CFL)
-    fesem_lambda: float = 0.05  # lambda of FeSEM Eq. 6 (proximal weight 2*lambda*n_bar/n_i)
-    fesem_restarts: int = 20  # k-means restarts of FeSEM's initialisation (paper Sec. 6.1)
-    fesem_last_layer: bool = False  # cluster on the last dense kernel (the authors' code)
-    fesem_weighted: bool = False  # M-step weighted by n_i instead of Eq. 10's plain mean
-    cfl_eps1: float = 0.4  # CFL: split when the mean update norm is below eps1 ...
-    cfl_eps2: float = 1.6  # ... and the largest member update norm above eps2
-    cfl_warmup: int = 20  # CFL: rounds before the first split
-    pretrain_scale: int = 20  # FedGroup: alpha, so alpha * K clients take part in the cold start
-    measure: str = "edc"  # FedGroup grouping: edc (+ k-means++) or madc (+ complete linkage)
-    eta_g: float = 0.0  # FedGroup inter-group aggregation rate
-    migration: str = "label"  # FlexCFL's shift test: label-aware, or the authors' "counts"
-    # client-level distribution shift, for any algorithm (mcfl.shift)
-    shift: str = "none"  # none | swap_all | swap_part | incremental
-    shift_prob: float = 0.05  # swap_all / swap_part: chance of a swap each round
-    shift_interval: int = 50  # incremental: rounds between releases of 25% more data
-    # execution and evaluation
-    eval_every: int = 1
-    # Run the rounds between evaluations as one lax.scan on the device (rows arrive per chunk)
-    scan_rounds: bool = False
-    block_size: Optional[int] = None  # None: chosen from the model size and backend
-    # Train dense models with factored weight changes (mcfl.lowrank): auto = when it is faster
-    low_rank: str = "auto"
-    devices: Optional[int] = None  # local devices the clients are sharded over; None: all
+    ``RunConfig(algorithm="fesem", fesem_lambda=0.1, clients=200)``: shared settings by name,
+    the algorithm's hyperparameters by their flat keys (or ``params=`` its dataclass).
+    """
 
-    def __post_init__(self):
+    algorithm: str = setting("fedavg", "the algorithm (see the table in the README)")
+    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | leaf | "
+                           "tfds:NAME")
+    clients: int = setting(100, "number of clients", minimum=1)
+    rounds: int = setting(50, "communication rounds", minimum=1)
+    seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
+                        maximum=INT64_MAX)
+    data_seed: Optional[int] = setting(None, "seed of the dataset (default: --seed)", minimum=0,
+                                       maximum=INT64_MAX)
+    data_dir: Optional[str] = setting(None, "folder holding the dataset's files")
+    download: bool = setting(False, "let tensorflow-datasets download the data (never by "
+                             "default)")
+    partition: Optional[str] = setting(
+        None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
+        "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5); default: natural for "
+        "synthetic and leaf, else iid")
+    test_fraction: Optional[float] = setting(
+        None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2)",
+        above=0, below=1)
+    normalize: Optional[str] = setting(None, "scale | standardize | none (default: the "
+                                       "partition recipe's)", choices=NORMALIZATIONS)
+    synthetic_alpha: float = setting(1.0, "Synthetic(alpha, beta): how much local models "
+                                     "differ", minimum=0)
+    synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta): how much local inputs differ",
+                                    minimum=0)
+    model: str = setting("mclr", "mclr | mlp | cnn-fmnist | cnn-leaf", choices=MODELS)
+    hidden: tuple[int, ...] = setting((200, 200), "MLP hidden widths, e.g. 200,200")
+    conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, fast on "
+                        "CPU) | xla (flax Conv) | auto (matmul on CPU, xla on GPU / TPU)",
+                        choices=CONVS)
+    lr: float = setting(0.01, "client learning rate (FedSGD: the server's)", above=0)
+    batch_size: int = setting(10, "local mini-batch size B", minimum=1)
+    local_epochs: int = setting(1, "local epochs E (each ceil(n_i/B) steps)", minimum=1)
+    local_steps: Optional[int] = setting(None, "a fixed number of local steps instead of "
+                                         "epochs", minimum=1)
+    client_optimizer: str = setting("sgd", "sgd | momentum | adam", choices=OPTIMIZERS)
+    momentum: float = setting(0.9, "momentum of --client-optimizer momentum", minimum=0,
+                              below=1)
+    weight_decay: float = setting(0.0, "L2 weight decay on the clients", minimum=0)
+    clients_per_round: Optional[Union[int, float]] = setting(
+        None, "clients sampled per round: a count (20) or a fraction (0.1); default "
+        "min(20, clients)")
+    clusters: int = setting(4, "K: FeSEM centers, IFCA models, FedGroup groups, CFL's most "
+                            "clusters (clustered algorithms)", minimum=1)
+    shift: str = setting("none", "client-level distribution shift: none | swap_all | swap_part "
+                         "| incremental", choices=SHIFTS)
+    shift_prob: float = setting(0.05, "chance of a swap each round (swap_all, swap_part)",
+                                minimum=0, maximum=1)
+    shift_interval: int = setting(50, "incremental: rounds between releases of 25% more "
+                                  "training data", minimum=1)
+    eval_every: int = setting(1, "evaluate every N rounds (and after the last)", minimum=1)
+    scan_rounds: bool = setting(False, "run the rounds between evaluations as one lax.scan on "
+                                "the device, with no host round-trip per round (per-round "
+                                "rows arrive at each evaluation)")
+    block_size: Optional[int] = setting(None, "clients per vmapped block (default: from model "
+                                        "size and backend)", minimum=1)
+    low_rank: str = setting("auto", "train dense layers with factored weight changes "
+                            "(mcfl.lowrank): auto (when faster) | on | off", choices=LOW_RANK)
+    devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
+                                     "all)", minimum=1)
+    params: Any = dataclasses.field(default=None, metadata={"doc": "", "internal": True})
+
+    def __init__(self, **values):
+        from mcfl.settings import check
+
+        params = values.pop("params", None)
+        algorithm = values.get("algorithm", "fedavg")
+        if not isinstance(algorithm, str):
+            raise ConfigError(f"algorithm must be a string, got {algorithm!r}")
+        registry = _registry()
+        spec = registry.get(algorithm)
+        for f in SHARED_FIELDS.values():
+            value = values.pop(f.name) if f.name in values else f.default
+            object.__setattr__(self, f.name, check(RunConfig, f, value))
+        if params is not None:
+            if not isinstance(params, spec.params):
+                raise ConfigError(f"params for {algorithm!r} must be a "
+                                  f"{spec.params.__name__}, got {type(params).__name__}")
+            params = registry.with_values(spec.params, params, values)
+        else:
+            params = registry.params_from_flat(algorithm, values)
+        object.__setattr__(self, "params", params)
         _validate(self)
 
+    def __getattr__(self, name: str):
+        """The algorithm's hyperparameters by flat key or field name (``config.mu``)."""
+        if name.startswith("__") or name == "params":
+            raise AttributeError(name)
+        from mcfl import settings
+
+        params = object.__getattribute__(self, "params")
+        for f in dataclasses.fields(params):
+            if name in (f.name, settings.key_of(f)):
+                return getattr(params, f.name)
+        raise AttributeError(f"{self.algorithm!r} has no setting or hyperparameter {name!r}")
+
     def replace(self, **changes) -> RunConfig:
-        return from_dict({**self.to_dict(), **changes})
+        """A new config with `changes` (flat keys). Changing the algorithm keeps the
+        hyperparameters the new one shares with the old (same key) and drops the others."""
+        values = self.to_dict()
+        new = changes.get("algorithm", self.algorithm)
+        if new != self.algorithm:
+            from mcfl import settings
+
+            keep = settings.fields_of(_registry().get(new).params)
+            for key in settings.as_flat(self.params):
+                if key not in keep:
+                    values.pop(key)
+        return from_dict({**values, **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """Every setting by flat key, the algorithm's hyperparameters included (the form of
+        config files and of summary.json's "config")."""
+        from mcfl import settings
+
+        out = {name: getattr(self, name) for name in SHARED_FIELDS}
         out["hidden"] = list(self.hidden)
+        out.update(settings.as_flat(self.params))
         return out
 
     @property
-    def effective_mu(self) -> float:
-        if self.algorithm == "fedprox":
-            return 0.01 if self.mu is None else self.mu
-        return 0.0
+    def clustered(self) -> bool:
+        return _registry().get(self.algorithm).clustered
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+SHARED_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "params"}
+
+
+def all_keys() -> dict[str, Any]:
+    """Every flat key a config can hold: the shared settings, then every algorithm's
+    hyperparameters (a key shared by several algorithms once)."""
+    return {**SHARED_FIELDS, **{k: None for k in _registry().owners_of_keys()}}
 
 
 def _validate(c: RunConfig) -> None:
-    if c.algorithm not in ALGORITHMS:
-        raise choice_error("algorithm", c.algorithm, ALGORITHMS)
     _validate_data(c)
-    if c.model not in MODELS:
-        raise choice_error("model", c.model, MODELS)
-    if c.client_optimizer not in OPTIMIZERS:
-        raise choice_error("client_optimizer", c.client_optimizer, OPTIMIZERS)
-    if c.conv not in CONVS:
-        raise choice_error("conv", c.conv, CONVS)
-    if c.low_rank not in LOW_RANK:
-        raise choice_error("low_rank", c.low_rank, LOW_RANK)
     if c.low_rank == "on" and (c.client_optimizer != "sgd" or c.weight_decay != 0):
         raise ConfigError(
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
             f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
         )
-    for name in ("clients", "rounds", "batch_size", "local_epochs", "eval_every"):
-        value = getattr(c, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    for name in ("local_steps", "block_size", "devices"):
-        value = getattr(c, name)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{name} must be an integer >= 1 (or unset), got {value!r}")
-    if isinstance(c.clusters, bool) or not isinstance(c.clusters, int) or c.clusters < 1:
-        raise ConfigError(f"clusters must be an integer >= 1, got {c.clusters!r}")
-    if c.algorithm in CLUSTERED and c.clusters > c.clients:
+    if c.clustered and c.clusters > c.clients:
         raise ConfigError(
             f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
         )
-    if c.fesem_lambda < 0:
-        raise ConfigError(f"fesem_lambda must be >= 0, got {c.fesem_lambda}")
-    if not isinstance(c.fesem_restarts, int) or c.fesem_restarts < 1:
-        raise ConfigError(f"fesem_restarts must be an integer >= 1, got {c.fesem_restarts!r}")
-    if not 0 <= c.cfl_eps1 <= c.cfl_eps2:
-        raise ConfigError(
-            f"CFL needs 0 <= eps1 <= eps2, got eps1={c.cfl_eps1}, eps2={c.cfl_eps2}"
-        )
-    if not isinstance(c.cfl_warmup, int) or c.cfl_warmup < 0:
-        raise ConfigError(f"cfl_warmup must be an integer >= 0, got {c.cfl_warmup!r}")
-    if c.shift not in SHIFTS:
-        raise choice_error("shift", c.shift, SHIFTS)
-    if not 0.0 <= c.shift_prob <= 1.0:
-        raise ConfigError(f"shift_prob must be in [0, 1], got {c.shift_prob}")
-    if not isinstance(c.shift_interval, int) or c.shift_interval < 1:
-        raise ConfigError(f"shift_interval must be an integer >= 1, got {c.shift_interval!r}")
-    if c.migration not in MIGRATIONS:
-        raise choice_error("migration", c.migration, MIGRATIONS)
-    if c.measure not in MEASURES:
-        raise choice_error("measure", c.measure, MEASURES)
-    if c.eta_g < 0:
-        raise ConfigError(f"eta_g must be >= 0, got {c.eta_g}")
-    if not isinstance(c.pretrain_scale, int) or c.pretrain_scale < 1:
-        raise ConfigError(f"pretrain_scale must be an integer >= 1, got {c.pretrain_scale!r}")
-    if c.algorithm in ("fedgroup", "flexcfl") and c.pretrain_scale * c.clusters > c.clients:
-        raise ConfigError(
-            f"the group cold start needs pretrain_scale * clusters = {c.pretrain_scale} * "
-            f"{c.clusters} = {c.pretrain_scale * c.clusters} clients, more than the "
-            f"{c.clients} clients; lower --pretrain-scale or --clusters"
-        )
-    if not c.lr > 0:
-        raise ConfigError(f"lr must be > 0, got {c.lr}")
-    if not c.server_lr > 0:
-        raise ConfigError(f"server_lr must be > 0, got {c.server_lr}")
-    if c.weight_decay < 0:
-        raise ConfigError(f"weight_decay must be >= 0, got {c.weight_decay}")
-    if not 0 <= c.momentum < 1:
-        raise ConfigError(f"momentum must be in [0, 1), got {c.momentum}")
-    if c.mu is not None:
-        if c.mu < 0:
-            raise ConfigError(f"mu must be >= 0, got {c.mu}")
-        if c.algorithm != "fedprox" and c.mu > 0:
-            raise ConfigError(f"mu applies to algorithm 'fedprox' only, not {c.algorithm!r}")
-    if c.test_fraction is not None and not 0 < c.test_fraction < 1:
-        raise ConfigError(f"test_fraction must be in (0, 1), got {c.test_fraction}")
-    if c.synthetic_alpha < 0 or c.synthetic_beta < 0:
-        raise ConfigError(
-            f"synthetic alpha and beta must be >= 0, got {c.synthetic_alpha}, {c.synthetic_beta}"
-        )
-    if not c.hidden or any(not isinstance(h, int) or h < 1 for h in c.hidden):
-        raise ConfigError(f"hidden widths must be positive integers, got {c.hidden!r}")
+    check = getattr(c.params, "check", None)
+    if check is not None:  # an algorithm's checks across settings
+        check(c)
     from mcfl.sampling import resolve_clients_per_round
 
     resolve_clients_per_round(c.clients_per_round, c.clients)
@@ -232,14 +233,18 @@ def _validate_data(c: RunConfig) -> None:
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:
-    """A RunConfig from a mapping of field names (e.g. a parsed config file)."""
-    unknown = sorted(set(values) - set(FIELDS))
+    """A RunConfig from a mapping of flat keys (e.g. a parsed config file)."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"a config must be a mapping of keys to values, got "
+                          f"{type(values).__name__}")
+    unknown = sorted(set(values) - set(all_keys()))
     if unknown:
         raise ConfigError(
-            f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(FIELDS)}"
+            f"unknown config key(s) {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(all_keys())}"
         )
     values = dict(values)
-    if "hidden" in values:
+    if "hidden" in values and isinstance(values["hidden"], str):
         values["hidden"] = parse_hidden(values["hidden"])
     return RunConfig(**values)
 

@@ -47,3 +47,13 @@ def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permu
     arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
     return partition_arrays(arrays, parse_partition(f"{kind}:{num_clusters}"), num_clients, 0.2,
                             "none", seed=1)
+
+
+def algorithm(name, model, training, clients_per_round, block_size, clusters=1, lr=0.01,
+              **params):
+    """The registered algorithm `name` built in a context of these settings (hyperparameters by
+    field name or flat key)."""
+    from mcfl.algorithms import AlgorithmContext, build
+
+    context = AlgorithmContext(model, training, clients_per_round, block_size, clusters, lr)
+    return build(name, context, **params)

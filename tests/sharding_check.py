@@ -51,7 +51,8 @@ def main() -> None:
     for algorithm, model in [("fedavg", "mlp"), ("fesem", "mclr"), ("ifca", "mclr")]:
         config = RunConfig(algorithm=algorithm, dataset="synthetic", clients=CLIENTS,
                            rounds=ROUNDS, model=model, hidden=(16,), local_steps=3,
-                           clients_per_round=1.0, clusters=3, fesem_restarts=2)
+                           clients_per_round=1.0, clusters=3,
+                           **({"fesem_restarts": 2} if algorithm == "fesem" else {}))
         for devices, block in [(1, CLIENTS), (8, 1), (8, 7), (8, CLIENTS)]:
             out[f"{algorithm}/{devices}/{block}"] = train(config, devices, block)
     json.dump(out, sys.stdout)

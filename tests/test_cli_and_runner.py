@@ -76,7 +76,12 @@ def test_python_api_writes_nothing_unless_asked(tmp_path, monkeypatch):
         (["--rounds", "0"], "rounds must be an integer >= 1, got 0"),
         (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
         (["--clients", "5", "--clients-per-round", "9"], "between 1 and the 5 clients, got 9"),
-        (["--mu", "0.1"], "mu applies to algorithm 'fedprox' only"),
+        (["--mu", "0.1"], "mu applies to fedprox, not 'fedavg'"),
+        (["--algorithm", "fedprox", "--mu", "nan"], "mu must be a finite number, got nan"),
+        (["--lr", "inf"], "lr must be a finite number, got inf"),
+        (["--seed", "-1"], "seed must be an integer >= 0"),
+        (["--seed", "99999999999999999999"], "seed must be an integer >= 0 and <= "),
+        (["--fesem-lambda", "0.1"], "fesem_lambda applies to fesem, not 'fedavg'"),
         (["--clients", "ten"], "argument --clients: invalid int value: 'ten'"),
     ],
 )

@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import algorithm as build
 from conftest import planted_gaussian, ragged_dataset
 from reference import reference_local_train
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.algorithms import cfl, fedavg, fesem, ifca
 from mcfl.algorithms.clustered import ClusterState, cluster_sizes, intra_cluster_distance
 from mcfl.data import partition_arrays
 from mcfl.data.arrays import LabelledArrays
@@ -54,9 +54,9 @@ def test_fesem_and_ifca_recover_planted_clusters_and_beat_fedavg(planted):
     training = _training(model)
     results = {}
     for name, algorithm in {
-        "fedavg": fedavg(model, training, 200, 16),
-        "fesem": fesem(model, training, 200, 16, num_clusters=4, restarts=5),
-        "ifca": ifca(model, training, 200, 16, num_clusters=4),
+        "fedavg": build("fedavg", model, training, 200, 16),
+        "fesem": build("fesem", model, training, 200, 16, clusters=4, restarts=5),
+        "ifca": build("ifca", model, training, 200, 16, clusters=4),
     }.items():
         state = algorithm.init(data, jax.random.key(0))
         step = jax.jit(algorithm.round)
@@ -78,7 +78,7 @@ def test_fesem_round_matches_per_client_loop():
     model = make_model("mclr", (5,), 3)
     training = _training(model, lr=0.1, local_epochs=2)
     lam = 0.3
-    algorithm = fesem(model, training, 6, 3, num_clusters=3, lam=lam, restarts=2)
+    algorithm = build("fesem", model, training, 6, 3, clusters=3, lam=lam, restarts=2)
     keys = jax.random.split(jax.random.key(5), 3)
     centers = jax.vmap(model.init)(keys)
     state = ClusterState.create(centers, jnp.array([0, 1, 2, 0, 1, 2, 0, 1], jnp.int32),
@@ -118,7 +118,7 @@ def test_ifca_round_matches_per_client_loop():
     data = dataset.arrays
     model = make_model("mclr", (5,), 3)
     training = _training(model, lr=0.1, local_epochs=1)
-    algorithm = ifca(model, training, 5, 2, num_clusters=3)
+    algorithm = build("ifca", model, training, 5, 2, clusters=3)
     state = algorithm.init(data, jax.random.key(2))
     key = jax.random.key(4)
     new_state, metrics = jax.jit(algorithm.round)(state, data, key)
@@ -161,7 +161,7 @@ def test_cfl_bipartitions_two_planted_groups():
     data = planted.arrays
     model = make_model("mclr", (8,), 3)
     # eps1 huge (a cluster counts as converged) and eps2 = 0: split as soon as allowed.
-    algorithm = cfl(model, _training(model), 40, 8, max_clusters=2, eps1=1e9, eps2=0.0,
+    algorithm = build("cfl", model, _training(model), 40, 8, clusters=2, eps1=1e9, eps2=0.0,
                     warmup=2)
     state = algorithm.init(data, jax.random.key(0))
     step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
@@ -178,8 +178,8 @@ def test_no_recompile_when_clusters_empty_or_resize(planted, name):
     data = planted.arrays
     model = make_model("mclr", (12,), 10)
     training = _training(model)
-    algorithm = (fesem(model, training, 20, 8, num_clusters=7, restarts=2) if name == "fesem"
-                 else ifca(model, training, 20, 8, num_clusters=7))
+    algorithm = (build("fesem", model, training, 20, 8, clusters=7, restarts=2)
+                 if name == "fesem" else build("ifca", model, training, 20, 8, clusters=7))
     state = algorithm.init(data, jax.random.key(0))
     step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
     everyone_in_0 = jnp.zeros(200, jnp.int32)  # clusters 1..6 empty
@@ -221,7 +221,7 @@ def test_nearest_models_and_intra_distance_match_brute_force():
 @pytest.mark.parametrize("changes, message", [
     ({"algorithm": "fesem", "clusters": 0}, "clusters must be an integer >= 1, got 0"),
     ({"algorithm": "ifca", "clusters": 11, "clients": 10}, "cannot exceed the number of clients"),
-    ({"algorithm": "fesem", "fesem_lambda": -1.0}, "fesem_lambda must be >= 0, got -1.0"),
+    ({"algorithm": "fesem", "fesem_lambda": -1.0}, "fesem_lambda must be a number >= 0, got -1.0"),
     ({"algorithm": "cfl", "cfl_eps1": 2.0, "cfl_eps2": 1.0}, "eps1=2.0, eps2=1.0"),
 ])
 def test_bad_cluster_settings(changes, message):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import planted_gaussian
 
-from mcfl.algorithms import build_algorithm
-from mcfl.config import ALGORITHMS, RunConfig
+from mcfl.algorithms import build_algorithm, names
+from mcfl.config import RunConfig
 from mcfl.models import make_model
 
 
@@ -19,13 +19,15 @@ def planted():
     return planted_gaussian(40)
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", names())
 def test_rounds_compile_once(planted, name):
     """Round 1 traces the round; later rounds, with other clients sampled (newcomers, splits,
     emptied clusters), reuse the program."""
     chex.clear_trace_counter()  # fedavg / fedprox and fedgroup / flexcfl share round code
+    extra = {"fedgroup": {"pretrain_scale": 2}, "flexcfl": {"pretrain_scale": 2},
+             "cfl": {"cfl_warmup": 1}}.get(name, {})
     config = RunConfig(algorithm=name, clients=40, clusters=3, clients_per_round=8,
-                       pretrain_scale=2, cfl_warmup=1, local_steps=2, lr=0.05)
+                       local_steps=2, lr=0.05, **extra)
     model = make_model("mclr", (12,), 10)
     algorithm = build_algorithm(config, model, 8, 4)
     state = jax.jit(algorithm.init)(planted.arrays, jax.random.key(0))

@@ -8,11 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import algorithm as build
 from conftest import ragged_dataset
 from reference import reference_fedavg_round, reference_local_train
 
-from mcfl.algorithms import fedavg, fedsgd, local
+from mcfl.algorithms import AlgorithmContext
 from mcfl.algorithms.fedavg import GlobalModelState
+from mcfl.algorithms.fedsgd import fedsgd
 from mcfl.batch_rule import epoch_positions, step_rows
 from mcfl.data.federated import from_splits
 from mcfl.engine import (
@@ -126,7 +128,7 @@ def test_fedavg_and_fedprox_match_per_client_loop(ragged, mu, block_size):
     data = ragged.arrays
     model = _model(ragged)
     training = _training(model, mu=mu)
-    algorithm = fedavg(model, training, clients_per_round=5, block_size=block_size)
+    algorithm = build("fedavg", model, training, 5, block_size)
     state = algorithm.init(data, jax.random.key(0))
     key = jax.random.key(7)
     new_state, metrics = jax.jit(algorithm.round)(state, data, key)
@@ -142,7 +144,7 @@ def test_local_with_fixed_steps_matches_per_client_loop(ragged):
     data = ragged.arrays
     model = _model(ragged)
     training = _training(model, local_steps=5)
-    algorithm = local(model, training, clients_per_round=4, block_size=3)
+    algorithm = build("local", model, training, 4, 3)
     state = algorithm.init(data, jax.random.key(0))
     key = jax.random.key(11)
     new_state, metrics = jax.jit(algorithm.round)(state, data, key)
@@ -164,8 +166,8 @@ def test_fedavg_with_one_full_batch_step_equals_fedsgd(ragged):
     data = ragged.arrays
     model = _model(ragged)
     training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=300, local_steps=1)
-    avg = fedavg(model, training, clients_per_round=6, block_size=4)
-    sgd = fedsgd(model, optax.sgd(0.1), clients_per_round=6, block_size=4, chunk=7)
+    avg = build("fedavg", model, training, 6, 4)
+    sgd = fedsgd(AlgorithmContext(model, training, 6, 4, lr=0.1), chunk=7)
     s_avg = avg.init(data, jax.random.key(0))
     s_sgd = sgd.init(data, jax.random.key(0))
     for r in range(2):
@@ -187,7 +189,7 @@ def test_fedavg_hand_computed():
     dataset = from_splits("hand", train, test, 2, 2)
     model = make_model("mclr", (1,), 2)
     training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=2)
-    algorithm = fedavg(model, training, clients_per_round=2, block_size=2)
+    algorithm = build("fedavg", model, training, 2, 2)
     zeros = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
     state, metrics = jax.jit(algorithm.round)(
         GlobalModelState(zeros), dataset.arrays, jax.random.key(0)
@@ -205,9 +207,9 @@ def test_rounds_do_not_recompile(ragged, make):
     model = _model(ragged)
     training = _training(model)
     algorithm = {
-        "fedavg": lambda: fedavg(model, training, 3, 2),
-        "local": lambda: local(model, training, 3, 2),
-        "fedsgd": lambda: fedsgd(model, optax.sgd(0.1), 3, 2),
+        "fedavg": lambda: build("fedavg", model, training, 3, 2),
+        "local": lambda: build("local", model, training, 3, 2),
+        "fedsgd": lambda: build("fedsgd", model, training, 3, 2, lr=0.1),
     }[make]()
     round_fn = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
     state = algorithm.init(data, jax.random.key(0))
@@ -243,7 +245,7 @@ def test_scanned_rounds_equal_the_round_by_round_loop(ragged):
 
     data = ragged.arrays
     model = _model(ragged)
-    algorithm = fedavg(model, _training(model), clients_per_round=4, block_size=2)
+    algorithm = build("fedavg", model, _training(model), 4, 2)
     state = algorithm.init(data, jax.random.key(0))
     rounds_key = jax.random.key(3)
     scanned, metrics = jax.jit(scan_rounds, static_argnums=(0, 5))(

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import algorithm as build
 from conftest import planted_gaussian
 from jax.flatten_util import ravel_pytree
 from sklearn.cluster import KMeans
@@ -16,7 +17,6 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
 
 import mcfl
-from mcfl.algorithms import fedgroup
 from mcfl.algorithms.base import stack
 from mcfl.algorithms.fedgroup import group_of_updates, inter_group_aggregation
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
@@ -55,7 +55,7 @@ def test_edc_grouping_agrees_with_sklearn_pipeline(planted):
 
 def test_groups_recovered_for_all_clients_newcomers_included(planted):
     model, training = _setup()
-    algorithm = fedgroup(model, training, 30, 8, num_groups=4, pretrain_scale=5)
+    algorithm = build("fedgroup", model, training, 30, 8, clusters=4, pretrain_scale=5)
     data = planted.arrays
     state = algorithm.init(data, jax.random.key(0))
     assert int(jnp.sum(state.assignment >= 0)) == 20  # only the alpha * K cold-start clients
@@ -68,7 +68,7 @@ def test_groups_recovered_for_all_clients_newcomers_included(planted):
 
 def test_round_one_communication_counts_the_cold_start(planted):
     model, training = _setup()
-    algorithm = fedgroup(model, training, 30, 8, num_groups=4, pretrain_scale=5)
+    algorithm = build("fedgroup", model, training, 30, 8, clusters=4, pretrain_scale=5)
     data = planted.arrays
     state = algorithm.init(data, jax.random.key(0))
     before = np.asarray(state.assignment)
@@ -102,7 +102,7 @@ def test_inter_group_aggregation_formula():
 
 @pytest.mark.parametrize("changes, message", [
     ({"clusters": 4, "pretrain_scale": 20, "clients": 60}, r"20 \* 4 = 80 clients, more than"),
-    ({"eta_g": -0.1}, "eta_g must be >= 0, got -0.1"),
+    ({"eta_g": -0.1}, "eta_g must be a number >= 0, got -0.1"),
     ({"measure": "emd"}, "unknown measure 'emd'; allowed: edc, madc"),
 ])
 def test_bad_fedgroup_settings(changes, message):
@@ -134,14 +134,13 @@ def _current_truth(planted, algorithm, state):
 
 
 def test_flexcfl_migrates_swapped_clients_and_fedgroup_does_not(planted):
-    from mcfl.algorithms import flexcfl
     from mcfl.shift import with_shift
 
     model, training = _setup()
     data = planted.arrays
     aris = {}
-    for name, make in (("flexcfl", flexcfl), ("fedgroup", fedgroup)):
-        algorithm = with_shift(make(model, training, 40, 8, num_groups=4, pretrain_scale=5),
+    for name in ("flexcfl", "fedgroup"):
+        algorithm = with_shift(build(name, model, training, 40, 8, clusters=4, pretrain_scale=5),
                                "swap_all", prob=1.0)
         state = algorithm.init(data, jax.random.key(0))
         chex.clear_trace_counter()  # both algorithms are wrapped by the same shift round

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import algorithm as build
 from conftest import ragged_dataset
 from reference import reference_fedavg_round
 
 import mcfl
-from mcfl.algorithms import fedavg
 from mcfl.batch_rule import step_rows
 from mcfl.data.federated import from_splits
 from mcfl.engine import LocalTraining, evaluate_counts
@@ -32,7 +32,7 @@ def _rows_of(data, client, split="train"):
 def _algorithm(dataset, kind, prob=1.0, interval=2):
     model = make_model("mclr", (5,), dataset.num_classes)
     training = LocalTraining(model.apply, optax.sgd(0.05), batch_size=10)
-    algorithm = fedavg(model, training, dataset.num_clients, 4)
+    algorithm = build("fedavg", model, training, dataset.num_clients, 4)
     return model, training, with_shift(algorithm, kind, prob, interval)
 
 
@@ -107,7 +107,7 @@ def test_training_on_a_shifted_view_matches_the_per_client_loop():
     owner = np.asarray(data.train_owner)
     swapped = np.where(owner == 1, 5, np.where(owner == 5, 1, owner))
     shifted = view_with_owners(data, swapped, data.test_owner)
-    algorithm = fedavg(model, training, 5, 3)
+    algorithm = build("fedavg", model, training, 5, 3)
     state = algorithm.init(shifted, jax.random.key(0))
     key = jax.random.key(7)
     new_state, _ = jax.jit(algorithm.round)(state, shifted, key)
@@ -142,7 +142,7 @@ def test_run_with_shift_and_bad_settings(capsys):
     assert [r["shifted_rows"] > 0 for r in result.rounds] == [True] * 3
     for changes, message in [
         ({"shift": "drift"}, "unknown shift 'drift'; allowed: none, swap_all"),
-        ({"shift_prob": 1.5}, "shift_prob must be in \\[0, 1\\], got 1.5"),
+        ({"shift_prob": 1.5}, "shift_prob must be a number >= 0 and <= 1, got 1.5"),
         ({"shift": "incremental", "shift_interval": 0}, "shift_interval must be an integer"),
     ]:
         with pytest.raises(ConfigError, match=message):

@@ -1,33 +1,41 @@
-"""Algorithm registry: build a `FederatedAlgorithm` from a `RunConfig`."""
+"""The algorithms, each registered under its name (`mcfl.algorithms.registry`), and the bridge
+from a `RunConfig` to a built algorithm."""
+# ruff: noqa: I001  (the algorithm imports are in registration order, which is the CLI's order)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import optax
 
+# Importing a module registers its algorithms; this order is the order of the CLI's choices
+# and of the README's table.
+from mcfl.algorithms import fedavg as _fedavg  # noqa: F401
+from mcfl.algorithms import fedsgd as _fedsgd  # noqa: F401
+from mcfl.algorithms import local as _local  # noqa: F401
+from mcfl.algorithms import fesem as _fesem  # noqa: F401
+from mcfl.algorithms import ifca as _ifca  # noqa: F401
+from mcfl.algorithms import cfl as _cfl  # noqa: F401
+from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.algorithms.cfl import cfl
-from mcfl.algorithms.fedavg import fedavg, fedprox
-from mcfl.algorithms.fedgroup import fedgroup, flexcfl
-from mcfl.algorithms.fedsgd import fedsgd
-from mcfl.algorithms.fesem import fesem
-from mcfl.algorithms.ifca import ifca
-from mcfl.algorithms.local import local
-from mcfl.config import RunConfig
+from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
 
+if TYPE_CHECKING:
+    from mcfl.config import RunConfig
+
 __all__ = [
+    "AlgorithmContext",
+    "AlgorithmSpec",
     "FederatedAlgorithm",
-    "fedavg",
-    "fedprox",
-    "fedsgd",
-    "local",
-    "fesem",
-    "ifca",
-    "cfl",
-    "fedgroup",
-    "flexcfl",
+    "build",
     "build_algorithm",
+    "context_of",
+    "get",
+    "local_training",
+    "names",
+    "register",
 ]
 
 
@@ -45,13 +53,14 @@ def client_optimizer(config: RunConfig) -> optax.GradientTransformation:
 
 
 def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
+    """The clients' local training the config describes (no proximal term: an algorithm that
+    wants one, FedProx or FeSEM, adds its own)."""
     return LocalTraining(
         apply_fn=model.apply,
         optimizer=client_optimizer(config),
         batch_size=config.batch_size,
         local_epochs=config.local_epochs,
         local_steps=config.local_steps,
-        mu=config.effective_mu,
         sgd_lr=config.lr if plain_sgd(config) else None,
         dense_layers=model.dense_layers,
         low_rank=config.low_rank,
@@ -64,43 +73,19 @@ def plain_sgd(config: RunConfig) -> bool:
     return config.client_optimizer == "sgd" and config.weight_decay == 0
 
 
-def build_algorithm(
-    config: RunConfig, model: ModelSpec, clients_per_round: int, block_size: int
-) -> FederatedAlgorithm:
-    """The config's algorithm, trained on data that shifts if the config asks for it."""
+def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
+               block_size: int) -> AlgorithmContext:
+    """What every algorithm is built from, as the config says."""
+    return AlgorithmContext(model, local_training(config, model), clients_per_round, block_size,
+                            config.clusters if config.clustered else 1, config.lr)
+
+
+def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
+                    block_size: int) -> FederatedAlgorithm:
+    """The config's algorithm with its hyperparameters, trained on data that shifts if the
+    config asks for it."""
     from mcfl.shift import with_shift
 
-    algorithm = _base_algorithm(config, model, clients_per_round, block_size)
+    context = context_of(config, model, clients_per_round, block_size)
+    algorithm = get(config.algorithm).factory(context, config.params)
     return with_shift(algorithm, config.shift, config.shift_prob, config.shift_interval)
-
-
-def _base_algorithm(
-    config: RunConfig, model: ModelSpec, clients_per_round: int, block_size: int
-) -> FederatedAlgorithm:
-    training = local_training(config, model)
-    if config.algorithm in ("fedavg", "fedprox"):
-        name = config.algorithm
-        return fedavg(model, training, clients_per_round, block_size, config.server_lr, name=name)
-    if config.algorithm == "fedsgd":
-        return fedsgd(model, optax.sgd(config.lr), clients_per_round, block_size)
-    if config.algorithm == "fesem":
-        return fesem(
-            model, training, clients_per_round, block_size, config.clusters,
-            lam=config.fesem_lambda, restarts=config.fesem_restarts,
-            last_layer=config.fesem_last_layer, weighted=config.fesem_weighted,
-        )
-    if config.algorithm == "ifca":
-        return ifca(model, training, clients_per_round, block_size, config.clusters)
-    if config.algorithm == "cfl":
-        return cfl(
-            model, training, clients_per_round, block_size, config.clusters,
-            eps1=config.cfl_eps1, eps2=config.cfl_eps2, warmup=config.cfl_warmup,
-        )
-    if config.algorithm in ("fedgroup", "flexcfl"):
-        migration = config.migration if config.algorithm == "flexcfl" else None
-        return fedgroup(
-            model, training, clients_per_round, block_size, config.clusters,
-            pretrain_scale=config.pretrain_scale, measure=config.measure, eta_g=config.eta_g,
-            migration=migration, name=config.algorithm,
-        )
-    return local(model, training, clients_per_round, block_size)

@@ -14,6 +14,8 @@ All of it is one jitted round with fixed shapes: clusters live in `max_clusters`
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
@@ -26,24 +28,40 @@ from mcfl.algorithms.clustered import (
     flat_models,
     reassign,
 )
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity
-from mcfl.engine import LocalTraining, RoundClients, train_and_collect
-from mcfl.models import ModelSpec
+from mcfl.engine import RoundClients, train_and_collect
+from mcfl.errors import ConfigError
 from mcfl.sampling import sample_clients
+from mcfl.settings import setting
 
 
-def cfl(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    max_clusters: int,
-    eps1: float = 0.4,
-    eps2: float = 1.6,
-    warmup: int = 20,
-) -> FederatedAlgorithm:
-    """CFL with up to `max_clusters` clusters and split thresholds eps1 < eps2 (the defaults are
-    the reference code's values for its EMNIST experiments; they scale with the model)."""
+@dataclasses.dataclass(frozen=True)
+class CFLParams:
+    eps1: float = setting(0.4, "split a cluster when the norm of its mean update is below eps1 "
+                          "...", key="cfl_eps1", minimum=0)
+    eps2: float = setting(1.6, "... and its largest member update norm above eps2",
+                          key="cfl_eps2", minimum=0)
+    warmup: int = setting(20, "rounds before the first split", key="cfl_warmup", minimum=0)
+
+    def check(self, config) -> None:
+        if self.eps1 > self.eps2:
+            raise ConfigError(f"CFL needs 0 <= eps1 <= eps2, got eps1={self.eps1}, "
+                              f"eps2={self.eps2}")
+
+
+@register("cfl", CFLParams, clustered=True, reference="Sattler et al., 2020, CFL",
+          summary="FedAvg in each cluster; a cluster whose mean update norm < eps1 while a "
+          "member's > eps2 is bipartitioned by complete linkage on the cosine of updates; up "
+          "to K clusters")
+def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> FederatedAlgorithm:
+    """CFL with up to K = ``context.num_clusters`` clusters and split thresholds eps1 <= eps2
+    (the defaults are the reference code's values for its EMNIST experiments; they scale with
+    the model)."""
+    model, training = context.model, context.training
+    clients_per_round, block_size = context.clients_per_round, context.block_size
+    max_clusters = context.num_clusters
+    eps1, eps2, warmup = params.eps1, params.eps2, params.warmup
 
     def init(data, key):
         models = stack(model.init(key), max_clusters)

@@ -2,56 +2,59 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.engine import LocalTraining, RoundClients, segment_mean, train_and_aggregate
-from mcfl.models import ModelSpec
 from mcfl.sampling import sample_clients
+from mcfl.settings import setting
 
 
 class GlobalModelState(flax.struct.PyTreeNode):
     params: object  # one model (unstacked)
 
 
-def fedavg(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    server_lr: float = 1.0,
-    name: str = "fedavg",
-) -> FederatedAlgorithm:
-    """FedAvg: sampled clients train from the global model; the server moves the global model
-    by `server_lr` toward the average of their models weighted by n_i (1.0: plain averaging).
-    With ``training.mu > 0`` every local step adds FedProx's proximal term."""
+@dataclasses.dataclass(frozen=True)
+class FedAvgParams:
+    server_lr: float = setting(1.0, "server step toward the clients' average (1: plain "
+                               "averaging)", above=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedProxParams(FedAvgParams):
+    mu: float = setting(0.01, "proximal weight mu of (mu/2)||W - W_t||^2 (FedProx Eq. 2; 0.01 "
+                        "as in the authors' code)", minimum=0)
+
+
+def averaging(context: AlgorithmContext, training: LocalTraining, server_lr: float, name: str,
+              size_weighted: bool = True) -> FederatedAlgorithm:
+    """Sampled clients train from the global model; the server moves it by `server_lr`
+    toward their average, weighted by n_i (`size_weighted`) or plain. FedAvg, FedProx and the
+    Reptile-style FedDist / FedDWS are this with different settings."""
 
     def init(data, key):
         del data
-        return GlobalModelState(model.init(key))
+        return GlobalModelState(context.model.init(key))
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = sample_clients(sample_key, data.num_clients, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
-        weights = data.train_counts[clients]
+        samples = data.train_counts[clients]
+        weights = samples if size_weighted else jnp.ones_like(samples)
         start = stack(state.params)
         sums, weight_sums, _, stats = train_and_aggregate(
-            training,
-            data,
-            train_key,
-            start,
-            RoundClients(clients, zeros),
-            weights,
-            zeros,
-            1,
-            block_size,
+            training, data, train_key, start, RoundClients(clients, zeros), weights, zeros, 1,
+            context.block_size,
         )
         average = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
         params = jax.tree.map(lambda p, a: p + server_lr * (a - p), state.params, average)
-        return GlobalModelState(params), training_metrics(weights, stats)
+        return GlobalModelState(params), training_metrics(samples, stats)
 
     def client_models(state):
         return stack(state.params), None
@@ -59,15 +62,18 @@ def fedavg(
     return FederatedAlgorithm(name, init, round_, client_models)
 
 
-def fedprox(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    mu: float = 0.01,
-    server_lr: float = 1.0,
-) -> FederatedAlgorithm:
-    """FedProx: FedAvg whose clients minimise ``F_i(W) + (mu/2)||W - W_t||^2`` (Eq. 2)."""
-    return fedavg(
-        model, training._replace(mu=mu), clients_per_round, block_size, server_lr, name="fedprox"
-    )
+@register("fedavg", FedAvgParams, reference="McMahan et al., 2017",
+          summary="sampled clients train from the global model; the server averages their "
+          "models weighted by n_i")
+def fedavg(context: AlgorithmContext, params: FedAvgParams = FedAvgParams()) -> FederatedAlgorithm:
+    """FedAvg; with ``context.training.mu > 0`` every local step adds a proximal term."""
+    return averaging(context, context.training, params.server_lr, "fedavg")
+
+
+@register("fedprox", FedProxParams, reference="Li et al., 2020, FedProx",
+          summary="FedAvg whose clients minimise F_i(W) + (mu/2)‖W − W_t‖² (Eq. 2)")
+def fedprox(context: AlgorithmContext,
+            params: FedProxParams = FedProxParams()) -> FederatedAlgorithm:
+    """FedProx: FedAvg with the proximal term in every local step."""
+    return averaging(context, context.training._replace(mu=params.mu), params.server_lr,
+                     "fedprox")

@@ -32,6 +32,8 @@ more wait for the next round. The test runs only in rounds where the data moved 
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -46,18 +48,20 @@ from mcfl.algorithms.clustered import (
     intra_cluster_distance,
     reassign,
 )
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import (
-    LocalTraining,
     RoundClients,
     segment_mean,
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.models import ModelSpec
+from mcfl.errors import ConfigError
 from mcfl.sampling import sample_clients
+from mcfl.settings import setting
 
 MEASURES = ("edc", "madc")
+MIGRATIONS = ("label", "counts")
 
 
 def label_counts(data) -> jax.Array:
@@ -110,20 +114,43 @@ def inter_group_aggregation(models, eta_g: float):
     return jax.vmap(unravel)(mixed)
 
 
-def fedgroup(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    num_groups: int,
-    pretrain_scale: int = 20,
-    measure: str = "edc",
-    eta_g: float = 0.0,
-    migration: str | None = None,
-    name: str = "fedgroup",
-) -> FederatedAlgorithm:
-    """FedGroup with K = `num_groups` groups found from `pretrain_scale` * K pre-trained clients;
-    with `migration` ("label" or "counts") it is FlexCFL (see `flexcfl`)."""
+@dataclasses.dataclass(frozen=True)
+class FedGroupParams:
+    pretrain_scale: int = setting(20, "alpha: alpha * K clients pre-train for the group cold "
+                                  "start", minimum=1)
+    measure: str = setting("edc", "grouping of the cold-start updates: edc (+ k-means++) or "
+                           "madc (+ complete linkage)", choices=MEASURES)
+    eta_g: float = setting(0.0, "inter-group aggregation rate (0: none)", minimum=0)
+
+    def check(self, config) -> None:
+        needed = self.pretrain_scale * config.clusters
+        if needed > config.clients:
+            raise ConfigError(
+                f"the group cold start needs pretrain_scale * clusters = {self.pretrain_scale} "
+                f"* {config.clusters} = {needed} clients, more than the {config.clients} "
+                "clients; lower --pretrain-scale or --clusters")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlexCFLParams(FedGroupParams):
+    migration: str = setting("label", "the shift test: label (label-aware Wasserstein) or "
+                             "counts (the authors' code)", choices=MIGRATIONS)
+
+
+@register("fedgroup", FedGroupParams, clustered=True,
+          reference="Duan et al., 2021, FlexCFL (FedGroup: without migration)",
+          summary="group cold start: alpha*K clients pre-train from W_0 and are grouped by EDC "
+          "(or MADC); newcomers pre-train when first sampled and join the most similar group; "
+          "FedAvg per group, optional inter-group aggregation (eta_g)")
+def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(),
+             migration: str | None = None, name: str = "fedgroup") -> FederatedAlgorithm:
+    """FedGroup with K = ``context.num_clusters`` groups found from pretrain_scale * K
+    pre-trained clients; with `migration` ("label" or "counts") it is FlexCFL (`flexcfl`)."""
+    model, training = context.model, context.training
+    clients_per_round, block_size = context.clients_per_round, context.block_size
+    num_groups = context.num_clusters
+    pretrain_scale, measure, eta_g = params.pretrain_scale, params.measure, params.eta_g
+
     def pretrain(data, key, w0, clients, active=None):
         """[S, d] pre-training updates dW of `clients`, each trained from W_0 (only the
         `active` ones train; the others' rows are zeros)."""
@@ -222,8 +249,10 @@ def fedgroup(
                               assignments=lambda s: s.assignment)
 
 
-def flexcfl(model, training, clients_per_round, block_size, num_groups, pretrain_scale=20,
-            measure="edc", eta_g=0.0, migration="label") -> FederatedAlgorithm:
+@register("flexcfl", FlexCFLParams, clustered=True, reference="Duan et al., 2021, FlexCFL",
+          summary="FedGroup plus client migration: before each round, a grouped client whose "
+          "label distribution moved more than tau_i = 0.2 n_i / classes redoes its cold start")
+def flexcfl(context: AlgorithmContext,
+            params: FlexCFLParams = FlexCFLParams()) -> FederatedAlgorithm:
     """FlexCFL (paper 004): FedGroup plus client migration under distribution shift."""
-    return fedgroup(model, training, clients_per_round, block_size, num_groups, pretrain_scale,
-                    measure, eta_g, migration=migration, name="flexcfl")
+    return fedgroup(context, params, migration=params.migration, name="flexcfl")

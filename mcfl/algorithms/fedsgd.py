@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.engine import RoundClients, gradients_and_aggregate
-from mcfl.models import ModelSpec
 from mcfl.sampling import sample_clients
 
 
@@ -19,15 +19,16 @@ class FedSGDState(flax.struct.PyTreeNode):
     opt_state: object
 
 
-def fedsgd(
-    model: ModelSpec,
-    server_optimizer: optax.GradientTransformation,
-    clients_per_round: int,
-    block_size: int,
-    chunk: int = 256,
-) -> FederatedAlgorithm:
-    """FedSGD with `server_optimizer` (``optax.sgd(lr)`` reproduces the paper). Each client's
-    gradient is accumulated over chunks of `chunk` rows, so any client size fits in memory."""
+@register("fedsgd", reference="McMahan et al., 2017",
+          summary="each sampled client computes its full-batch gradient; the server averages "
+          "them (weighted by n_i) and takes one SGD step of size --lr")
+def fedsgd(context: AlgorithmContext, params=None, chunk: int = 256) -> FederatedAlgorithm:
+    """FedSGD with the server optimizer ``optax.sgd(context.lr)``. Each client's gradient is
+    accumulated over chunks of `chunk` rows, so any client size fits in memory."""
+    del params
+    model, clients_per_round, block_size = (context.model, context.clients_per_round,
+                                            context.block_size)
+    server_optimizer = optax.sgd(context.lr)
 
     def init(data, key):
         del data

@@ -15,6 +15,8 @@ keeping the restart with the smallest intra-cluster distance; centers are the me
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -27,36 +29,47 @@ from mcfl.algorithms.clustered import (
     finish_round,
     stacked_features,
 )
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import kmeans
 from mcfl.engine import (
-    LocalTraining,
     RoundClients,
     nearest_models,
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.models import ModelSpec
 from mcfl.sampling import sample_clients
+from mcfl.settings import setting
 
 
-def fesem(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    num_clusters: int,
-    lam: float = 0.05,
-    restarts: int = 20,
-    last_layer: bool = False,
-    weighted: bool = False,
-) -> FederatedAlgorithm:
-    """FeSEM with K = `num_clusters` centers and distance weight `lam` (lambda of Eq. 6).
+@dataclasses.dataclass(frozen=True)
+class FeSEMParams:
+    lam: float = setting(0.05, "lambda of Eq. 6: clients train with the proximal weight "
+                         "2 lambda n_bar / n_i (Eq. 8)", key="fesem_lambda", minimum=0)
+    restarts: int = setting(20, "k-means restarts of the initialisation (paper Sec. 6.1)",
+                            key="fesem_restarts", minimum=1)
+    last_layer: bool = setting(False, "cluster on the last dense kernel only (the authors' "
+                               "code)", key="fesem_last_layer")
+    weighted: bool = setting(False, "M-step weighted by n_i instead of Eq. 10's plain mean",
+                             key="fesem_weighted")
 
-    `last_layer` clusters on the last dense kernel only (the authors' code) instead of all
-    parameters; `weighted` makes the M-step weigh members by their training samples.
-    The default lam = 0.05 gives a proximal weight mu = 2 lam = 0.1 for a client of average size,
-    the FedProx mu used in the FeSEM paper's baselines.
+
+@register("fesem", FeSEMParams, clustered=True,
+          reference="Xie et al., 2020 / 2023, Multi-Center FL (FeSEM)",
+          summary="sampled clients train from their center with Eq. 8's proximal term; E-step: "
+          "each joins its nearest center (Eq. 9); M-step: centers become their members' mean "
+          "(Eq. 10); initialised by k-means with restarts on one round of local models")
+def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
+          name: str = "fesem") -> FederatedAlgorithm:
+    """FeSEM with K = ``context.num_clusters`` centers and distance weight lambda.
+
+    The default lambda = 0.05 gives a proximal weight mu = 2 lambda = 0.1 for a client of
+    average size, the FedProx mu used in the FeSEM paper's baselines.
     """
+    model, training = context.model, context.training
+    clients_per_round, block_size = context.clients_per_round, context.block_size
+    num_clusters = context.num_clusters
+    lam, restarts = params.lam, params.restarts
+    last_layer, weighted = params.last_layer, params.weighted
     features = features_fn(last_layer)
     local = training._replace(mu=2.0 * lam)
 
@@ -99,4 +112,4 @@ def fesem(
         return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
                             data.train_counts[clients], num_clusters)
 
-    return clustered_algorithm("fesem", init, round_)
+    return clustered_algorithm(name, init, round_)

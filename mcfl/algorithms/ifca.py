@@ -15,24 +15,24 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round
+from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.engine import (
-    LocalTraining,
     RoundClients,
     losses_of_models,
     train_and_aggregate,
 )
-from mcfl.models import ModelSpec
 from mcfl.sampling import sample_clients
 
 
-def ifca(
-    model: ModelSpec,
-    training: LocalTraining,
-    clients_per_round: int,
-    block_size: int,
-    num_clusters: int,
-) -> FederatedAlgorithm:
-    """IFCA with K = `num_clusters` models."""
+@register("ifca", clustered=True, reference="Ghosh et al., 2020, IFCA",
+          summary="each sampled client receives all K models, joins the one of lowest loss on "
+          "its training data, trains it; per-cluster averaging weighted by n_i")
+def ifca(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
+    """IFCA with K = ``context.num_clusters`` models."""
+    del params
+    model, training = context.model, context.training
+    clients_per_round, block_size = context.clients_per_round, context.block_size
+    num_clusters = context.num_clusters
 
     def identities(models, data, clients):
         losses = losses_of_models(model.apply, data, models, clients, block_size)  # [S, K]

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
-from mcfl.engine import LocalTraining, RoundClients, train_and_collect
-from mcfl.models import ModelSpec
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.engine import RoundClients, train_and_collect
 from mcfl.sampling import sample_clients
 
 
@@ -20,10 +20,14 @@ class LocalState(flax.struct.PyTreeNode):
     params: object  # [C, ...]
 
 
-def local(
-    model: ModelSpec, training: LocalTraining, clients_per_round: int, block_size: int
-) -> FederatedAlgorithm:
+@register("local", reference="NonFed baseline",
+          summary="each client trains only its own model; evaluated with that model; nothing is "
+          "sent")
+def local(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
     """Local training only. All clients start from the same initial model."""
+    del params
+    model, training = context.model, context.training
+    clients_per_round, block_size = context.clients_per_round, context.block_size
 
     def init(data, key):
         return LocalState(stack(model.init(key), data.num_clients))

@@ -1,0 +1,153 @@
+"""Typed, documented settings: one validation for config files, flags and Python.
+
+A setting is a dataclass field made with `setting`, which records a one-line doc, its flat key
+(the name in config files and, with dashes, the command-line flag) and its allowed range. The
+run config (`mcfl.config.RunConfig`) and every algorithm's hyperparameter dataclass are made of
+them, so `check` gives every value the same treatment: booleans must be booleans, numbers must
+be finite numbers in range, strings must be strings (and one of the choices when there are
+choices), and an error names the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from typing import Any, Optional, Union
+
+from mcfl.errors import ConfigError
+
+INT64_MAX = 2**63 - 1
+
+
+def setting(default, doc: str, *, key: Optional[str] = None, minimum=None, maximum=None,
+            above=None, below=None, choices: Optional[tuple] = None) -> Any:
+    """A dataclass field with its doc, flat key (default: the field's name) and range:
+    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`."""
+    metadata = {"doc": doc, "key": key, "minimum": minimum, "maximum": maximum, "above": above,
+                "below": below, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def key_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("key") or field.name
+
+
+def doc_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("doc", "")
+
+
+def fields_of(cls) -> dict[str, dataclasses.Field]:
+    """The settings of a dataclass by flat key."""
+    return {key_of(f): f for f in dataclasses.fields(cls)}
+
+
+def type_of(cls, field: dataclasses.Field):
+    return _type_hints(cls)[field.name]
+
+
+@functools.cache
+def _type_hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _describe(hint) -> str:
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is tuple:
+        return "a list of integers"
+    if typing.get_origin(hint) is Union and set(args) == {int, float}:
+        return "a count or a fraction"
+    return " or ".join(_describe(a) for a in args)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check(cls, field: dataclasses.Field, value):
+    """`value` if it fits `field` of `cls` (ints given for a float field become floats), else
+    `ConfigError` naming the key, the value and what is allowed."""
+    key, hint = key_of(field), type_of(cls, field)
+    optional = typing.get_origin(hint) is Union and type(None) in typing.get_args(hint)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key} must be {_describe(hint)}, got None")
+    if optional:
+        args = tuple(a for a in typing.get_args(hint) if a is not type(None))
+        hint = args[0] if len(args) == 1 else Union[args]
+    meta = field.metadata
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(map(str, choices))}")
+        return value
+    if typing.get_origin(hint) is tuple:  # hidden widths
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+            raise ConfigError(f"{key} must be a list of positive integers like 200,200, "
+                              f"got {value!r}")
+        return tuple(value)
+    if typing.get_origin(hint) is Union:  # a count (int) or a fraction (float)
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(f"{key} must be a count or a fraction, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+    elif hint is float:
+        if not _is_number(value) or not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+        value = float(value)
+    _check_range(key, value, meta, "an integer" if hint is int else "a number")
+    return value
+
+
+def _check_range(key: str, value, meta, kind: str) -> None:
+    low, high = meta.get("minimum"), meta.get("maximum")
+    above, below = meta.get("above"), meta.get("below")
+    parts = []
+    if low is not None:
+        parts.append(f">= {low}")
+    if above is not None:
+        parts.append(f"> {above}")
+    if high is not None:
+        parts.append(f"<= {high}")
+    if below is not None:
+        parts.append(f"< {below}")
+    ok = ((low is None or value >= low) and (high is None or value <= high)
+          and (above is None or value > above) and (below is None or value < below))
+    if not ok:
+        raise ConfigError(f"{key} must be {kind} {' and '.join(parts)}, got {value!r}")
+
+
+def build(cls, values: dict[str, Any], what: str):
+    """An instance of the settings dataclass `cls` from flat keys (the rest default); an
+    unknown key is a `ConfigError` naming the allowed ones."""
+    fields = fields_of(cls)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown {what} key(s) {', '.join(map(repr, unknown))}; allowed: "
+                          f"{', '.join(fields) or 'none'}")
+    kwargs = {f.name: check(cls, f, values[k]) for k, f in fields.items() if k in values}
+    return cls(**kwargs)
+
+
+def as_flat(instance) -> dict[str, Any]:
+    """An instance's values by flat key."""
+    return {key_of(f): getattr(instance, f.name) for f in dataclasses.fields(instance)}
