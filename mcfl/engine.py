@@ -346,6 +346,47 @@ def map_blocks(block_fn: Callable, inputs: dict, block_size: int) -> PyTree:
     return _unblock(out, size)
 
 
+def by_length(one_client: Callable, length_key: str) -> Callable:
+    """A block function from `one_client(inp, loop_length, alone)`, which does one client's
+    work in `loop_length` iterations: vmapped over the block with the block's longest
+    ``inp[length_key]`` (shorter clients mask their extra iterations); a block of one client
+    runs without vmap (whose batch-of-one matmuls are slow on CPU) with its own length and
+    ``alone=True`` (nothing to mask)."""
+    def block_fn(block):
+        if block[length_key].shape[0] == 1:
+            one = jax.tree.map(lambda x: x[0], block)
+            return jax.tree.map(lambda x: x[None], one_client(one, one[length_key], True))
+        return jax.vmap(one_client, in_axes=(0, None, None))(
+            block, jnp.max(block[length_key]), False)
+
+    return block_fn
+
+
+def map_clients(block_fn: Callable, inputs: dict, lengths: jax.Array, block_size: int):
+    """Per-client outputs of `block_fn` over the clients of `inputs` ([S] each), in their
+    order. Clients run longest first (`lengths`: loop iterations each needs), so a block holds
+    clients of similar lengths and wastes few masked iterations."""
+    order, inverse = _sorted_by_length(lengths)
+    out = map_blocks(block_fn, jax.tree.map(lambda x: x[order], inputs), block_size)
+    return jax.tree.map(lambda x: x[inverse], out)
+
+
+def reduce_clients(block_fn: Callable, inputs: dict, lengths: jax.Array, block_size: int,
+                   num_segments: int, like: PyTree):
+    """`reduce_blocks` over the clients of `inputs` sorted by `lengths` (see `map_clients`);
+    per-client outputs come back in the clients' order."""
+    order, inverse = _sorted_by_length(lengths)
+    sums, weight_sums, per_client = reduce_blocks(
+        block_fn, jax.tree.map(lambda x: x[order], inputs), block_size, num_segments, like)
+    return sums, weight_sums, jax.tree.map(lambda x: x[inverse], per_client)
+
+
+def _sorted_by_length(lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Order putting the longest clients first and its inverse."""
+    order = jnp.argsort(-lengths, stable=True)
+    return order, jnp.argsort(order)
+
+
 class BlockSums(NamedTuple):
     """A block function's already-reduced output: per-segment weighted sums [K, ...]."""
 
@@ -375,20 +416,15 @@ def reduce_blocks(
     def body(carry, block):
         sums, weight_sums = carry
         tree, segment, aux = block_fn(block)
-        # [b, K] one-hot weights: a matmul, which accelerators do at full speed.
-        mix = jax.nn.one_hot(segment, num_segments) * block["weight"][:, None]
         if isinstance(tree, BlockSums):  # the block summed itself (the low-rank path)
-            sums = jax.tree.map(jnp.add, sums, tree.sums)
+            block_sums = tree.sums
+            block_weights = segment_sums(block["weight"], segment, block["weight"],
+                                         num_segments)[1]
         else:
-            sums = jax.tree.map(
-                lambda acc, leaf: acc
-                + jnp.tensordot(
-                    mix.T, leaf.astype(jnp.float32), axes=1, precision=jax.lax.Precision.HIGHEST
-                ),
-                sums,
-                tree,
-            )
-        return (sums, weight_sums + jnp.sum(mix, axis=0)), (segment, aux)
+            block_sums, block_weights = segment_sums(tree, segment, block["weight"],
+                                                     num_segments)
+        sums = jax.tree.map(jnp.add, sums, block_sums)
+        return (sums, weight_sums + block_weights), (segment, aux)
 
     def run_blocks(blocks):
         return jax.lax.scan(body, (sums0, jnp.zeros((num_segments,), jnp.float32)), blocks)
@@ -421,6 +457,18 @@ def nearest_models(block: PyTree, models: PyTree) -> jax.Array:
     return jnp.argmin(d, axis=1).astype(jnp.int32)  # ||W||^2 is the same for every k
 
 
+def segment_sums(tree: PyTree, segments: jax.Array, weights: jax.Array,
+                 num_segments: int) -> tuple[PyTree, jax.Array]:
+    """Weighted per-segment sums of a stacked tree [n, ...]: ([K, ...] sums of ``w_i x_i`` over
+    the rows of each segment, [K] summed weights). A segment outside [0, K) (e.g. -1) counts
+    in none. One [n, K] one-hot matmul per leaf: what accelerators do at full speed."""
+    mix = jax.nn.one_hot(segments, num_segments) * weights.astype(jnp.float32)[:, None]
+    sums = jax.tree.map(
+        lambda leaf: jnp.tensordot(mix.T, leaf.astype(jnp.float32), axes=1,
+                                   precision=jax.lax.Precision.HIGHEST), tree)
+    return sums, jnp.sum(mix, axis=0)
+
+
 def segment_mean(sums: PyTree, weight_sums: jax.Array, previous: PyTree) -> PyTree:
     """Weighted per-segment means; a segment with no weight keeps its `previous` value."""
 
@@ -449,13 +497,8 @@ class RoundClients(NamedTuple):
     active: Optional[jax.Array] = None
 
 
-def _sorted_by_steps(steps: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Order putting the longest clients first (so blocks hold similar lengths) and its inverse."""
-    order = jnp.argsort(-steps, stable=True)
-    return order, jnp.argsort(order)
-
-
 def _training_inputs(training, data, selection, weights, segments, prox_scale):
+    """The round's per-client inputs ([S] each, in selection order)."""
     steps = client_num_steps(data.train_counts[selection.clients], training)
     weights = weights.astype(jnp.float32)
     if selection.active is not None:
@@ -469,24 +512,23 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale):
         "segment": segments,
         "prox_scale": jnp.broadcast_to(jnp.asarray(prox_scale, jnp.float32), steps.shape),
     }
-    order, inverse = _sorted_by_steps(steps)
-    return jax.tree.map(lambda x: x[order], inputs), inverse
+    return inputs
 
 
 def _training_block_fn(training, data, key, start_models, assign=None, capacity=None):
     """Per-client training of a block (vmapped; unbatched for a block of one); with a
     `capacity`, the model's large layer is kept factored (`local_train_factored`)."""
-    def one_client(inp, loop_length, masked=True):
+    def one_client(inp, loop_length, alone):
         start = jax.tree.map(lambda m: m[inp["start"]], start_models)
         if capacity is None:
             trained, loss_sum, taken = local_train(
                 training, data, key, start, start, inp["client"], inp["steps"], loop_length,
-                inp["prox_scale"], masked,
+                inp["prox_scale"], masked=not alone,
             )
         else:
             trained, loss_sum, taken = local_train_factored(
                 training, data, key, start, inp["client"], inp["steps"], loop_length,
-                inp["prox_scale"], capacity, masked,
+                inp["prox_scale"], capacity, masked=not alone,
             )
         stats = ClientStats(
             loss=loss_sum / jnp.maximum(taken, 1),
@@ -496,16 +538,10 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
         )
         return trained, stats
 
+    train_block = by_length(one_client, "steps")  # blocks of one: the CNN's case, 23% faster
+
     def block_fn(block):
-        if block["client"].shape[0] == 1:
-            # A block of one client (large models): no vmap, whose batch-of-one matmuls ran
-            # the FashionMNIST CNN 23% slower on CPU, and no masking (it takes all its steps).
-            one = jax.tree.map(lambda x: x[0], block)
-            trained, stats = one_client(one, one["steps"], masked=False)
-            trained, stats = jax.tree.map(lambda x: x[None], (trained, stats))
-        else:
-            trained, stats = jax.vmap(one_client, in_axes=(0, None))(block,
-                                                                     jnp.max(block["steps"]))
+        trained, stats = train_block(block)
         segment = block["segment"] if assign is None else assign(trained)
         return trained, segment, stats
 
@@ -582,16 +618,16 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
 
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
                       prox_scale, assign, sum_in_block=False):
-    """The clients' inputs sorted by step count (with the inverse order) and the block
-    function, shared by the collecting and the reducing entry points."""
-    inputs, inverse = _training_inputs(training, data, selection, weights, segments, prox_scale)
+    """The clients' inputs and the block function, shared by the collecting and the reducing
+    entry points."""
+    inputs = _training_inputs(training, data, selection, weights, segments, prox_scale)
     capacity = low_rank_capacity(training, data, start_models)
     if capacity is None or training.dense_layers is None:
         block_fn = _training_block_fn(training, data, key, start_models, assign, capacity)
     else:
         block_fn = _low_rank_block_fn(training, data, key, start_models, capacity, assign,
                                       sum_in_block)
-    return inputs, inverse, block_fn
+    return inputs, block_fn
 
 
 def train_and_collect(
@@ -606,12 +642,12 @@ def train_and_collect(
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
     anchor), and return their trained models stacked [S, ...] in selection order."""
     size = selection.clients.shape[0]
-    inputs, inverse, block_fn = _prepare_training(
+    inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, jnp.zeros(size),
         jnp.zeros(size, jnp.int32), prox_scale, None,
     )
-    models, _, stats = map_blocks(block_fn, inputs, block_size)
-    return jax.tree.map(lambda x: x[inverse], (models, stats))
+    models, _, stats = map_clients(block_fn, inputs, inputs["steps"], block_size)
+    return models, stats
 
 
 def train_and_aggregate(
@@ -634,15 +670,14 @@ def train_and_aggregate(
     A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
     after training (FeSEM's E-step on the freshly trained models).
     """
-    inputs, inverse, block_fn = _prepare_training(
+    inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, weights, segments, prox_scale, assign,
         sum_in_block=num_segments == 1,
     )
     like = jax.tree.map(lambda m: m[0], start_models)
-    sums, weight_sums, (segment, stats) = reduce_blocks(
-        block_fn, inputs, block_size, num_segments, like
+    sums, weight_sums, (segment, stats) = reduce_clients(
+        block_fn, inputs, inputs["steps"], block_size, num_segments, like
     )
-    segment, stats = jax.tree.map(lambda x: x[inverse], (segment, stats))
     return sums, weight_sums, segment, stats
 
 
@@ -667,28 +702,23 @@ def gradients_and_aggregate(
         "weight": weights.astype(jnp.float32),
         "segment": segments,
     }
-    order, inverse = _sorted_by_steps(inputs["chunks"])
-    inputs = jax.tree.map(lambda x: x[order], inputs)
 
-    def one_client(inp, loop_length):
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
         params = jax.tree.map(lambda m: m[inp["start"]], start_models)
-        return full_gradient(
-            apply_fn,
-            data,
-            params,
-            data.train_offsets[inp["client"]],
-            data.train_counts[inp["client"]],
-            chunk,
-            loop_length,
-        )
+        return full_gradient(apply_fn, data, params, data.train_offsets[inp["client"]],
+                             data.train_counts[inp["client"]], chunk, loop_length)
+
+    gradient_block = by_length(one_client, "chunks")
 
     def block_fn(block):
-        grads, loss = jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
+        grads, loss = gradient_block(block)
         return grads, block["segment"], loss
 
     like = jax.tree.map(lambda m: m[0], start_models)
-    sums, weight_sums, (_, loss) = reduce_blocks(block_fn, inputs, block_size, num_segments, like)
-    return sums, weight_sums, loss[inverse]
+    sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
+                                                  num_segments, like)
+    return sums, weight_sums, loss
 
 
 def losses_of_models(
@@ -701,7 +731,8 @@ def losses_of_models(
 ) -> jax.Array:
     """[S, K] mean training loss of each of the K `models` on each client's training rows
     (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
-    def one_client(inp, loop_length):
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
         offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
 
         def body(i, total):
@@ -720,11 +751,7 @@ def losses_of_models(
         return total / jnp.maximum(count, 1)
 
     inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
-
-    def block_fn(block):
-        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
-
-    return map_blocks(block_fn, inputs, block_size)
+    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -837,7 +864,8 @@ def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_ba
     x, y, _, offsets, counts, order = _split_arrays(data, split)
     nc = data.num_classes
 
-    def one_client(inp, loop_length):
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
         params = jax.tree.map(lambda m: m[inp["model"]], models)
         offset, count = offsets[inp["client"]], counts[inp["client"]]
 
@@ -862,18 +890,12 @@ def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_ba
         zeros = jnp.zeros((nc,), jnp.float32)
         return jax.lax.fori_loop(0, loop_length, body, EvalCounts(zero, zero, zeros, zeros, zeros))
 
-    chunks = ceil_div(counts, eval_batch)
-    order_by_size, inverse = _sorted_by_steps(chunks)  # blocks of clients of similar sizes
     inputs = {
-        "client": jnp.arange(data.num_clients, dtype=jnp.int32)[order_by_size],
-        "model": model_index.astype(jnp.int32)[order_by_size],
-        "chunks": chunks[order_by_size],
+        "client": jnp.arange(data.num_clients, dtype=jnp.int32),
+        "model": model_index.astype(jnp.int32),
+        "chunks": ceil_div(counts, eval_batch),
     }
-
-    def block_fn(block):
-        return jax.vmap(one_client, in_axes=(0, None))(block, jnp.max(block["chunks"]))
-
-    return jax.tree.map(lambda a: a[inverse], map_blocks(block_fn, inputs, block_size))
+    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
 
 
 def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None,

@@ -30,7 +30,7 @@ from mcfl.algorithms.clustered import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, segment_mean, segment_sums, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.sampling import sample_clients
 from mcfl.settings import setting
@@ -72,8 +72,8 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         """Bipartition every eligible cluster; returns new member clusters [S] and `active`."""
         norms = jnp.linalg.norm(updates, axis=1)  # [S]
         one_hot = jax.nn.one_hot(start, max_clusters)  # [S, K]
-        w = one_hot * weights[:, None]
-        mean_update = (w.T @ updates) / jnp.maximum(w.sum(0), 1e-30)[:, None]  # [K, d]
+        sums, totals = segment_sums(updates, start, weights, max_clusters)
+        mean_update = segment_mean(sums, totals, jnp.zeros_like(sums))  # [K, d]
         mean_norm = jnp.linalg.norm(mean_update, axis=1)
         max_norm = jnp.max(jnp.where(one_hot > 0, norms[:, None], 0.0), axis=0)
         members = one_hot.sum(0)
@@ -112,9 +112,8 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         # weighted mean update.
         parent_of = jnp.arange(max_clusters).at[member_cluster].set(start)
         base = jax.tree.map(lambda m: m[parent_of], state.models)
-        w = jax.nn.one_hot(member_cluster, max_clusters) * weights[:, None]  # [S, K]
-        total = w.sum(0)
-        step = (w.T @ updates) / jnp.maximum(total, 1e-30)[:, None]  # [K, d]
+        sums, totals = segment_sums(updates, member_cluster, weights, max_clusters)
+        step = segment_mean(sums, totals, jnp.zeros_like(sums))  # [K, d]
         _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], state.models))
         models = jax.tree.map(lambda b, s: b + s, base, jax.vmap(unravel)(step))
         assignment, sizes = reassign(state.assignment, state.sizes, clients, member_cluster)

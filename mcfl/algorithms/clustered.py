@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
-from mcfl.engine import ClientStats, segment_mean
+from mcfl.engine import ClientStats, segment_mean, segment_sums
 
 
 class ClusterState(flax.struct.PyTreeNode):
@@ -72,17 +72,12 @@ def flat_models(models) -> jax.Array:
 
 
 def cluster_means(models, labels: jax.Array, num_clusters: int, weights=None):
-    """[K, ...] (weighted) mean of the stacked `models` [n, ...] in each cluster of `labels`
-    (a one-hot matmul); an empty cluster gets zeros."""
-    w = jax.nn.one_hot(labels, num_clusters)  # [n, K]
-    if weights is not None:
-        w = w * weights[:, None]
-    total = jnp.maximum(w.sum(0), 1e-30)
-    return jax.tree.map(
-        lambda m: jnp.tensordot(w.T, m, axes=1, precision=jax.lax.Precision.HIGHEST)
-        / total.reshape((-1,) + (1,) * (m.ndim - 1)),
-        models,
-    )
+    """[K, ...] (weighted) mean of the stacked `models` [n, ...] in each cluster of `labels`;
+    an empty cluster gets zeros."""
+    weights = jnp.ones(labels.shape, jnp.float32) if weights is None else weights
+    sums, weight_sums = segment_sums(models, labels, weights, num_clusters)
+    zeros = jax.tree.map(lambda s: jnp.zeros_like(s), sums)
+    return segment_mean(sums, weight_sums, zeros)
 
 
 def intra_cluster_distance(sums, weight_sums, stats: ClientStats, weights) -> jax.Array:
