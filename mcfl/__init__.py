@@ -1,15 +1,26 @@
-"""mcfl: clustered (multi-center) federated learning, simulated at scale in JAX."""
+"""mcfl: clustered (multi-center) federated learning, simulated at scale in JAX.
 
+The public API: `run` a `RunConfig` (results as a `RunResult`; `RunObserver` to follow a run),
+the algorithm registry (`mcfl.algorithms`: `names`, `get`, `build`, `register`,
+`AlgorithmContext`), and `scan_rounds` to run many rounds as one `lax.scan`. The command line,
+run folders and plots live in `mcfl.apps`.
+"""
+
+from mcfl import algorithms
+from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
-from mcfl.runner import RunResult, run
+from mcfl.runner import RunObserver, RunResult, run
 
 __version__ = "0.1.0"
 
 __all__ = [
     "RunConfig",
+    "RunObserver",
     "RunResult",
+    "algorithms",
     "run",
+    "scan_rounds",
     "from_dict",
     "load_file",
     "McflError",

@@ -1,5 +1,5 @@
 import sys
 
-from mcfl.cli import main
+from mcfl.apps.cli import main
 
 sys.exit(main())

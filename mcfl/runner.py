@@ -1,8 +1,10 @@
 """`mcfl.run(config)`: build the data, model and algorithm a config names and train it.
 
-The library writes nothing unless given `out_dir` and prints nothing (progress goes to an
-optional callback). With `out_dir`, rounds.csv grows one row per round as the run goes, so a
-run that stops early (NaN, Ctrl-C) keeps every round it finished.
+The training loop prints and writes nothing: it tells its observers (`RunObserver`) about each
+round, the end and any stop, and a `progress` callback about each round. `mcfl.run(config,
+out_dir=...)` adds the run-folder observer of `mcfl.apps.output`, under which rounds.csv grows
+one row per round as the run goes, so a run that stops early (NaN, Ctrl-C) keeps every round
+it finished.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import distributed, engine, output
+from mcfl import distributed, engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig
@@ -48,8 +50,33 @@ class RunResult:
     assignment_rounds: Optional[np.ndarray] = None
 
     def write(self, out_dir) -> Path:
-        """Write summary.json, rounds.csv, clients.csv and curves.png under `out_dir`."""
-        return output.write_all(Path(out_dir), self.summary, self.rounds, self.clients)
+        """Write the run folder (summary.json, rounds.csv, clients.csv, curves.png, ...)."""
+        from mcfl.apps.output import write_result
+
+        return write_result(Path(out_dir), self)
+
+
+class RunObserver:
+    """What the training loop tells about a run as it goes (all methods optional no-ops):
+    `started` before round 1 (with the columns only evaluated rounds will have), `round` with
+    every round's row, `stopped` with the summary of a run that ends early (its "status" says
+    why), `finished` with the result of a completed run."""
+
+    def started(self, config: RunConfig, later_columns: tuple[str, ...]) -> None: ...
+
+    def round(self, row: dict[str, Any]) -> None: ...
+
+    def stopped(self, summary: dict[str, Any]) -> None: ...
+
+    def finished(self, result: RunResult) -> None: ...
+
+
+class _Progress(RunObserver):
+    def __init__(self, callback: Callable[[int, dict], None]):
+        self._callback = callback
+
+    def round(self, row):
+        self._callback(row["round"], row)
 
 
 def evaluate(
@@ -66,10 +93,13 @@ def run(
     dataset: Optional[FederatedDataset] = None,
     cache_dir: Optional[str | Path] = None,
     profile_dir: Optional[str | Path] = None,
+    observers: tuple[RunObserver, ...] = (),
 ) -> RunResult:
-    """Train `config` and return its results; write them under `out_dir` if given.
+    """Train `config` and return its results; write them under `out_dir` if given (through
+    `mcfl.apps.output.RunFolder`).
 
-    `progress(round, row)` is called after every round with that round's metrics. A prepared
+    `progress(round, row)` is called after every round with that round's metrics; `observers`
+    hear about every round and the end (`RunObserver`). A prepared
     `dataset` may be passed to reuse it across runs (it must match the config's clients).
     With `cache_dir`, the prepared dataset is read from / written to that cache. With
     `profile_dir`, a jax.profiler trace of rounds 2-3 (compiled, steady state; round 1 if the
@@ -82,9 +112,16 @@ def run(
     # as plain (single-device) arrays; the rounds use them as replicated inputs.
     dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        observers = tuple(observers)
+        if progress is not None:
+            observers += (_Progress(progress),)
+        if out_dir is not None:
+            from mcfl.apps.output import RunFolder
+
+            observers += (RunFolder(Path(out_dir)),)
         if not distributed.is_leader():  # in a multi-process run, process 0 reports
-            out_dir, progress = None, None
-        return _run(config, dataset, started, out_dir, progress, profile_dir, mesh)
+            observers = ()
+        return _run(config, dataset, started, observers, profile_dir, mesh)
 
 
 def _client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:
@@ -105,8 +142,7 @@ def _run(
     config: RunConfig,
     dataset: FederatedDataset,
     started: float,
-    out_dir: Optional[str | Path] = None,
-    progress: Optional[Callable[[int, dict], None]] = None,
+    observers: tuple[RunObserver, ...] = (),
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
 ) -> RunResult:
@@ -146,7 +182,8 @@ def _run(
     if algorithm.assignments is not None:  # cluster metrics arrive with evaluated rounds
         later = ("cluster_sizes",) + (("cluster_ari", "cluster_nmi")
                                       if dataset.true_cluster is not None else ())
-    writer = output.RoundWriter(Path(out_dir), later) if out_dir is not None else None
+    for observer in observers:
+        observer.started(config, later)
     rows: list[dict[str, Any]] = []
     evaluated_assignments: list[np.ndarray] = []
     assignment_rounds: list[int] = []
@@ -201,22 +238,20 @@ def _run(
                         assignment_rounds.append(r)
                         row.update(cluster_metrics(assigned, dataset.true_cluster))
                 rows.append(row)
-                if writer is not None:
-                    writer.append(row)
-                if progress is not None:
-                    progress(r, row)
+                for observer in observers:
+                    observer.round(row)
             if tracing and c == profiled[-1]:
                 jax.profiler.stop_trace()
                 tracing = False
-    except TrainingDivergedError:
-        if writer is not None:
-            output.write_summary(Path(out_dir), summary_with("diverged"))
+    except BaseException as stop:  # every stop leaves a summary with its status
+        status = ("diverged" if isinstance(stop, TrainingDivergedError)
+                  else "interrupted" if isinstance(stop, KeyboardInterrupt) else "error")
+        for observer in observers:
+            observer.stopped(summary_with(status))
         raise
     finally:
         if tracing:  # a run stopped inside the profiled rounds
             jax.profiler.stop_trace()
-        if writer is not None:
-            writer.close()
 
     summary = summary_with("completed")
     final_assignment = evaluated_assignments[-1] if evaluated_assignments else None
@@ -224,13 +259,8 @@ def _run(
     stacked = np.stack(evaluated_assignments) if evaluated_assignments else None
     result = RunResult(config, summary, rows, clients, state, stacked,
                        np.asarray(assignment_rounds) if stacked is not None else None)
-    if out_dir is not None:
-        output.write_summary(Path(out_dir), summary)
-        output.write_clients(Path(out_dir), clients)
-        if stacked is not None:
-            np.savez(Path(out_dir) / "assignments.npz", rounds=result.assignment_rounds,
-                     assignments=stacked)
-        output.plot_curves(Path(out_dir) / "curves.png", rows, title=_title(config))
+    for observer in observers:
+        observer.finished(result)
     return result
 
 
@@ -322,10 +352,6 @@ def _evaluation_counts(algorithm, apply_fn, block_size, state, data):
     if algorithm.view is not None:
         data = algorithm.view(state, data)
     return engine.evaluate_counts(apply_fn, data, models, index, block_size), data.test_counts
-
-
-def _title(config: RunConfig) -> str:
-    return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
 
 
 def _summary(

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from mcfl import bench
-from mcfl.cli import main
+from mcfl.apps import bench
+from mcfl.apps.cli import main
 
 TINY = {"model": "mclr", "clients": 20, "rounds": 2}
 

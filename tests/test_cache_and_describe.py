@@ -9,7 +9,7 @@ import numpy as np
 from test_loaders import write_mnist_folder
 
 import mcfl
-from mcfl.cli import main
+from mcfl.apps.cli import main
 from mcfl.data import build_dataset, cache, load_dataset
 
 

@@ -14,7 +14,7 @@ import pytest
 import mcfl
 import mcfl.runner
 from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.cli import main
+from mcfl.apps.cli import main
 
 
 def _csv(path):

@@ -188,8 +188,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_data_describe(args) -> int:
+    from mcfl.apps.describe import format_description
     from mcfl.data import load_dataset
-    from mcfl.data.describe import describe, format_description
+    from mcfl.data.describe import describe
 
     dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
     summary = describe(dataset)
@@ -198,8 +199,8 @@ def cmd_data_describe(args) -> int:
 
 
 def cmd_data_plot(args) -> int:
+    from mcfl.apps.describe import plot_label_distribution
     from mcfl.data import load_dataset
-    from mcfl.data.describe import plot_label_distribution
 
     dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
     print(f"label distribution: {plot_label_distribution(dataset, Path(args.out))}")
@@ -207,7 +208,7 @@ def cmd_data_plot(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from mcfl.compare import compare
+    from mcfl.apps.compare import compare
 
     print(compare([Path(r) for r in args.runs], Path(args.out)))
     print(f"accuracy against communication: {args.out}")
@@ -215,14 +216,14 @@ def cmd_compare(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from mcfl.demo import run_demo
+    from mcfl.apps.demo import run_demo
 
     run_demo(Path(args.out), rounds=args.rounds, clients=args.clients)
     return 0
 
 
 def cmd_bench(args) -> int:
-    from mcfl import bench
+    from mcfl.apps import bench
     from mcfl.config import algorithm_names
 
     algorithms = bench.parse_names(args.algorithms, algorithm_names(), "algorithm")
@@ -252,7 +253,7 @@ def cmd_bench(args) -> int:
 
 
 def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
-    from mcfl import bench
+    from mcfl.apps import bench
 
     parser.add_argument("--algorithms", default=",".join(bench.DEFAULT_ALGORITHMS),
                         help="comma-separated algorithms (default %(default)s)")

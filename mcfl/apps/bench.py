@@ -1,7 +1,7 @@
 """`mcfl bench`: round time, samples/s and peak memory against the number of clients.
 
 Every point of the sweep (an algorithm, a model and a number of clients; or the clustering step
-alone) runs in its own Python process, ``python -m mcfl.bench --point JSON``, so its peak
+alone) runs in its own Python process, ``python -m mcfl.apps.bench --point JSON``, so its peak
 resident memory is its own and a point that runs out of memory or hangs costs only that point.
 The data is a generated Gaussian mixture in which every client holds exactly the same number of
 rows, so the work per client is constant and round time should grow linearly with the clients.
@@ -386,7 +386,8 @@ def _child_env() -> dict[str, str]:
 def run_point(point: Point, timeout: Optional[float] = None) -> dict:
     """Measure `point` in a fresh Python process; a failure (error, out of memory, killed,
     over `timeout` seconds) comes back as a record with status "failed" and the error."""
-    command = [sys.executable, "-m", "mcfl.bench", "--point", json.dumps(dataclasses.asdict(point))]
+    command = [sys.executable, "-m", "mcfl.apps.bench", "--point",
+               json.dumps(dataclasses.asdict(point))]
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -454,7 +455,7 @@ def machine_info() -> dict:
 
 def write_json(path: Path, document: dict) -> None:
     """Write `document` to `path` through a temporary file, so a reader never sees half."""
-    from mcfl.output import _json_safe
+    from mcfl.apps.output import _json_safe
 
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.partial")
@@ -585,17 +586,17 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 
 def _child_main(argv: Optional[list[str]] = None) -> int:
-    """``python -m mcfl.bench --point JSON``: measure one point, print its record as JSON."""
+    """``python -m mcfl.apps.bench --point JSON``: measure one point, print its record as JSON."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m mcfl.bench")
+    parser = argparse.ArgumentParser(prog="python -m mcfl.apps.bench")
     parser.add_argument("--point", required=True, help="a Point as JSON")
     args = parser.parse_args(argv)
     from mcfl import compile_cache
 
     compile_cache.enable()  # unless MCFL_NO_COMPILE_CACHE says not to (--no-compile-cache)
     record = measure_point(Point(**json.loads(args.point)))
-    from mcfl.output import _json_safe
+    from mcfl.apps.output import _json_safe
 
     print(json.dumps(_json_safe(record)))
     return 0

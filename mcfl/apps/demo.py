@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple, Optional
 
+from mcfl.apps.output import plot_runs
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
-from mcfl.output import plot_runs
 from mcfl.runner import run
 
 

@@ -137,9 +137,53 @@ def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = ""
     plt.close(fig)
 
 
-def write_all(out_dir: Path, summary, rounds, clients) -> Path:
-    write_summary(out_dir, summary)
-    write_rounds(out_dir, rounds)
-    write_clients(out_dir, clients)
-    plot_curves(out_dir / "curves.png", rounds)
+def title_of(config) -> str:
+    return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
+
+
+def write_final(out_dir: Path, result) -> None:
+    """The files of a completed run besides rounds.csv: summary.json, clients.csv,
+    assignments.npz (clustered runs) and curves.png."""
+    import numpy as np
+
+    write_summary(out_dir, result.summary)
+    write_clients(out_dir, result.clients)
+    if result.assignments is not None:
+        np.savez(out_dir / "assignments.npz", rounds=result.assignment_rounds,
+                 assignments=result.assignments)
+    plot_curves(out_dir / "curves.png", result.rounds, title=title_of(result.config))
+
+
+def write_result(out_dir: Path, result) -> Path:
+    """A whole run folder from a finished `RunResult`."""
+    write_rounds(out_dir, result.rounds)
+    write_final(out_dir, result)
     return out_dir
+
+
+class RunFolder:
+    """The run-folder observer of `mcfl.run`: rounds.csv grows one flushed row per round, and
+    summary.json is written at the end, or when the run stops early with its status."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self._writer: Optional[RoundWriter] = None
+
+    def started(self, config, later_columns) -> None:
+        self._writer = RoundWriter(self.out_dir, later_columns)
+
+    def round(self, row) -> None:
+        self._writer.append(row)
+
+    def stopped(self, summary) -> None:
+        self._close()
+        write_summary(self.out_dir, summary)
+
+    def finished(self, result) -> None:
+        self._close()
+        write_final(self.out_dir, result)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
