@@ -33,9 +33,11 @@ def ragged():
     return ragged_dataset([3, 300, 17, 40, 9, 64])
 
 
-def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permuted"):
-    """Gaussian data of 10 classes in 12 dimensions over `num_clients` clients IID, each client
-    carrying one of `num_clusters` planted label permutations (its true cluster)."""
+def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permuted",
+                     labels: str = ""):
+    """Gaussian data of 10 classes in 12 dimensions over `num_clients` clients IID (or by the
+    label partition `labels`, e.g. "shards:3"), each client carrying one of `num_clusters`
+    planted label permutations (its true cluster)."""
     from mcfl.data import partition_arrays
     from mcfl.data.arrays import LabelledArrays
     from mcfl.data.spec import parse_partition
@@ -45,8 +47,8 @@ def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permu
     means = rng.normal(0, 3, (10, 12))
     x = (means[y] + rng.normal(0, 1, (6000, 12))).astype(np.float32)
     arrays = LabelledArrays("gauss", x, y, 10, np.ones(6000, bool))
-    return partition_arrays(arrays, parse_partition(f"{kind}:{num_clusters}"), num_clients, 0.2,
-                            "none", seed=1)
+    spec = f"{kind}:{num_clusters}" + (f"+{labels}" if labels else "")
+    return partition_arrays(arrays, parse_partition(spec), num_clients, 0.2, "none", seed=1)
 
 
 def algorithm(name, model, training, clients_per_round, block_size, clusters=1, lr=0.01,

@@ -48,7 +48,9 @@ def train(config: RunConfig, devices: int, block_size: int) -> dict:
 def main() -> None:
     assert len(jax.devices()) == 8, jax.devices()
     out = {}
-    for algorithm, model in [("fedavg", "mlp"), ("fesem", "mclr"), ("ifca", "mclr")]:
+    # Every algorithm is checked on 1 vs 4 devices by the conformance suite; here the factored
+    # MLP path (blocks summed on each device) with several block sizes.
+    for algorithm, model in [("fedavg", "mlp")]:
         config = RunConfig(algorithm=algorithm, dataset="synthetic", clients=CLIENTS,
                            rounds=ROUNDS, model=model, hidden=(16,), local_steps=3,
                            clients_per_round=1.0, clusters=3,

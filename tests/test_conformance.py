@@ -1,37 +1,156 @@
-"""Checks every algorithm passes, looped over all of them (so a new one is checked without new
-test code)."""
+"""Checks every registered algorithm passes, looped over the registry, so that a new algorithm
+is checked without new test code: its round compiles once, `scan_rounds` equals round by round,
+its metrics and models are well formed, 1 and 4 devices agree, it runs under every
+distribution shift, and bad hyperparameters are config errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import planted_gaussian
+from conformance_setup import SETTINGS, build_small, planted_data
 
-from mcfl.algorithms import build_algorithm, names
-from mcfl.config import RunConfig
-from mcfl.models import make_model
+import mcfl
+from mcfl import settings
+from mcfl.algorithms import get, names
+from mcfl.algorithms.base import scan_rounds
+from mcfl.errors import ConfigError
+from mcfl.shift import with_shift
+
+HERE = Path(__file__).parent
+REQUIRED_METRICS = {"train_loss", "discrepancy", "local_steps", "models_down", "models_up"}
 
 
 @pytest.fixture(scope="module")
-def planted():
-    return planted_gaussian(40)
+def devices_run():
+    """The 1 vs 4 devices runs, started at once in a subprocess (compilation is mostly one
+    core's work, so it overlaps with the tests below) and collected when first needed."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    proc = subprocess.Popen([sys.executable, str(HERE / "conformance_devices.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+
+    def get_results():
+        if not results:
+            out, err = proc.communicate(timeout=900)
+            assert proc.returncode == 0, err[-3000:]
+            results.update(json.loads(out))
+        return results
+
+    yield get_results
+    if proc.returncode is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def data(devices_run):  # the device subprocess starts first
+    return planted_data()
+
+
+_RUNS: dict = {}
+
+
+def _run(name, data):
+    """Round by round with a trace counter, then the same rounds as one scan."""
+    if name in _RUNS:
+        return _RUNS[name]
+    algorithm = build_small(name)
+    init_key, rounds_key = jax.random.split(jax.random.key(0))
+    state0 = jax.jit(algorithm.init)(data.arrays, init_key)
+    chex.clear_trace_counter()  # algorithms built by one factory share round code
+    step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
+    state, rows = state0, []
+    for r in range(1, SETTINGS["rounds"] + 1):
+        state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
+        rows.append(jax.device_get(metrics))
+    scanned, stacked = jax.jit(scan_rounds, static_argnums=(0, 5))(
+        algorithm, state0, data.arrays, rounds_key, 1, SETTINGS["rounds"])
+    _RUNS[name] = algorithm, state, rows, scanned, jax.device_get(stacked)
+    return _RUNS[name]
 
 
 @pytest.mark.parametrize("name", names())
-def test_rounds_compile_once(planted, name):
-    """Round 1 traces the round; later rounds, with other clients sampled (newcomers, splits,
-    emptied clusters), reuse the program."""
-    chex.clear_trace_counter()  # fedavg / fedprox and fedgroup / flexcfl share round code
-    extra = {"fedgroup": {"pretrain_scale": 2}, "flexcfl": {"pretrain_scale": 2},
-             "cfl": {"cfl_warmup": 1}}.get(name, {})
-    config = RunConfig(algorithm=name, clients=40, clusters=3, clients_per_round=8,
-                       local_steps=2, lr=0.05, **extra)
-    model = make_model("mclr", (12,), 10)
-    algorithm = build_algorithm(config, model, 8, 4)
-    state = jax.jit(algorithm.init)(planted.arrays, jax.random.key(0))
-    step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
-    for r in range(3):
-        state, metrics = step(state, planted.arrays, jax.random.key(r))
-        assert np.isfinite(float(metrics["train_loss"]))
+def test_compiles_once_and_scan_equals_round_by_round(name, data):
+    _, state, rows, scanned, stacked = _run(name, data)
+    chex.assert_trees_all_close(scanned, state, atol=1e-5, rtol=1e-5)
+    for key in rows[0]:
+        np.testing.assert_allclose(stacked[key], [row[key] for row in rows], rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name", names())
+def test_metrics_models_and_assignments_are_well_formed(name, data):
+    algorithm, state, rows, _, _ = _run(name, data)
+    required = REQUIRED_METRICS | ({"num_clusters"} if get(name).clustered else set())
+    for row in rows:
+        assert required <= set(row), required - set(row)
+        assert all(np.ndim(v) == 0 and np.isfinite(v) for v in row.values()), row
+        assert row["train_loss"] > 0 and row["models_up"] >= 0
+    models, index = algorithm.client_models(state)
+    num_models = jax.tree.leaves(models)[0].shape[0]
+    if index is not None:
+        assert index.shape == (SETTINGS["clients"],)
+        assert 0 <= int(jnp.min(index)) and int(jnp.max(index)) < num_models
+    if algorithm.assignments is not None:
+        assigned = np.asarray(algorithm.assignments(state))
+        assert assigned.shape == (SETTINGS["clients"],)
+        assert assigned.min() >= -1 and assigned.max() < SETTINGS["clusters"]  # -1: ungrouped
+
+
+@pytest.mark.parametrize("name", names())
+def test_runs_under_every_distribution_shift(name, data):
+    algorithm = build_small(name)
+    for kind in ("swap_all", "swap_part", "incremental"):
+        shifted = with_shift(algorithm, kind, prob=1.0, interval=1)
+        state = jax.jit(shifted.init)(data.arrays, jax.random.key(1))
+        state, stacked = jax.jit(scan_rounds, static_argnums=(0, 5))(
+            shifted, state, data.arrays, jax.random.key(2), 1, 2)
+        assert np.all(np.isfinite(stacked["train_loss"])), kind
+        assert np.sum(np.asarray(stacked["shifted_rows"])) > 0, kind  # the data really moved
+
+
+def _bad_values(cls, field) -> list:
+    """Values of the wrong type, non-finite or outside the allowed range for `field`."""
+    hint = settings.type_of(cls, field)
+    meta = field.metadata
+    if hint is bool:
+        return ["false", 1]
+    if hint is str:
+        return [3] + (["not-a-choice"] if meta.get("choices") else [])
+    bad = ["1", True, float("nan")]
+    if hint is int:
+        bad.append(1.5)
+    for bound, step in (("minimum", -1), ("above", 0), ("maximum", 1), ("below", 0)):
+        if meta.get(bound) is not None:
+            bad.append(meta[bound] + step)
+    return bad
+
+
+@pytest.mark.parametrize("name", names())
+def test_bad_hyperparameters_are_config_errors(name):
+    cls = get(name).params
+    for field in dataclasses.fields(cls):
+        key = settings.key_of(field)
+        for value in _bad_values(cls, field):
+            with pytest.raises(ConfigError, match=key):
+                mcfl.RunConfig(algorithm=name, clients=200, **{key: value})
+
+
+@pytest.mark.parametrize("name", names())
+def test_one_and_four_devices_agree(name, devices_run):
+    results = devices_run()
+    one, four = results[f"{name}/1"], results[f"{name}/4"]
+    np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4, atol=1e-6)
+    for a, b in zip(four["leaves"], one["leaves"]):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

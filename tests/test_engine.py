@@ -201,22 +201,6 @@ def test_fedavg_hand_computed():
     np.testing.assert_allclose(metrics["discrepancy"], (0.1 + np.sqrt(0.025)) / 2, rtol=1e-6)
 
 
-@pytest.mark.parametrize("make", ["fedavg", "local", "fedsgd"])
-def test_rounds_do_not_recompile(ragged, make):
-    data = ragged.arrays
-    model = _model(ragged)
-    training = _training(model)
-    algorithm = {
-        "fedavg": lambda: build("fedavg", model, training, 3, 2),
-        "local": lambda: build("local", model, training, 3, 2),
-        "fedsgd": lambda: build("fedsgd", model, training, 3, 2, lr=0.1),
-    }[make]()
-    round_fn = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
-    state = algorithm.init(data, jax.random.key(0))
-    for r in range(3):  # different clients sampled every round, same program
-        state, _ = round_fn(state, data, jax.random.key(r))
-
-
 @pytest.mark.parametrize("block_size", [1, 3, 10])
 def test_reduce_blocks_equals_weighted_segment_sums(block_size):
     rng = np.random.default_rng(0)

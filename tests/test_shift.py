@@ -123,19 +123,6 @@ def test_training_on_a_shifted_view_matches_the_per_client_loop():
     assert float(after.correct[1]) == float(before.correct[5])
 
 
-@pytest.mark.parametrize("kind", ["swap_all", "swap_part", "incremental"])
-def test_a_shift_does_not_recompile(kind):
-    chex.clear_trace_counter()  # every kind wraps the same round function
-    dataset = ragged_dataset([8, 40, 20, 12, 4, 100])
-    data = dataset.arrays
-    _, _, algorithm = _algorithm(dataset, kind, prob=0.5, interval=1)
-    state = algorithm.init(data, jax.random.key(0))
-    step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
-    for r in range(4):
-        state, metrics = step(state, data, jax.random.key(r))
-        assert np.isfinite(metrics["train_loss"])
-
-
 def test_run_with_shift_and_bad_settings(capsys):
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=3, clients_per_round=4,
                                      shift="swap_all", shift_prob=1.0))
