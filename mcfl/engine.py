@@ -115,14 +115,16 @@ def local_train(
     loop_length: jax.Array,
     prox_scale: jax.Array | float = 1.0,
     masked: bool = True,
+    correction: Optional[PyTree] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """One client's local training (unbatched; the engine vmaps it over a block).
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
     are real; with ``masked=False`` the caller promises they are the same (a block of one
     client), and the steps skip the masking. Step s reads `batch_rule.step_rows` of the round
-    `key`. The proximal
-    weight is ``training.mu * prox_scale`` (FeSEM weighs it per client, Eq. 8).
+    `key`. The proximal weight is ``training.mu * prox_scale`` (FeSEM weighs it per client,
+    Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
+    step's gradient gains c (FedDANE's gradient correction).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
     """
@@ -141,6 +143,8 @@ def local_train(
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
             p, data.x_train[rows], data.y_train[rows], mask
         )
+        if correction is not None:
+            grads = jax.tree.map(jnp.add, grads, correction)
         updates, new_opt_state = training.optimizer.update(grads, opt_state, p)
         if not masked:
             return optax.apply_updates(p, updates), new_opt_state, loss_sum + loss, taken + 1
@@ -495,6 +499,8 @@ class RoundClients(NamedTuple):
     clients: jax.Array  # client ids
     start_index: jax.Array  # row of `start_models` each client starts from (and is pulled to)
     active: Optional[jax.Array] = None
+    # [S, ...] per-client gradient corrections (`local_train`), trained on the per-client path
+    correction: Optional[PyTree] = None
 
 
 def _training_inputs(training, data, selection, weights, segments, prox_scale):
@@ -512,10 +518,13 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale):
         "segment": segments,
         "prox_scale": jnp.broadcast_to(jnp.asarray(prox_scale, jnp.float32), steps.shape),
     }
+    if selection.correction is not None:
+        inputs["correction"] = selection.correction
     return inputs
 
 
-def _training_block_fn(training, data, key, start_models, assign=None, capacity=None):
+def _training_block_fn(training, data, key, start_models, assign=None, capacity=None,
+                       align=None):
     """Per-client training of a block (vmapped; unbatched for a block of one); with a
     `capacity`, the model's large layer is kept factored (`local_train_factored`)."""
     def one_client(inp, loop_length, alone):
@@ -523,7 +532,7 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
         if capacity is None:
             trained, loss_sum, taken = local_train(
                 training, data, key, start, start, inp["client"], inp["steps"], loop_length,
-                inp["prox_scale"], masked=not alone,
+                inp["prox_scale"], masked=not alone, correction=inp.get("correction"),
             )
         else:
             trained, loss_sum, taken = local_train_factored(
@@ -543,6 +552,8 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
     def block_fn(block):
         trained, stats = train_block(block)
         segment = block["segment"] if assign is None else assign(trained)
+        if align is not None:
+            trained = align(trained, segment)
         return trained, segment, stats
 
     return block_fn
@@ -575,7 +586,8 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     return max(int(capacity), 1)
 
 
-def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_in_block):
+def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_in_block,
+                       align=None):
     """`_training_block_fn` on the factored path. With one start model, one segment and no
     `assign`, the block returns its weighted sum directly and never forms per-client models."""
     layers = training.dense_layers
@@ -606,27 +618,30 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
             update_norm=update_norm,
             sq_norm=sq_norm,
         )
-        if sum_in_block and shared and assign is None:
+        if sum_in_block and shared and assign is None and align is None:
             summed = lowrank.weighted_sum(start, layers, result, block["weight"])
             return BlockSums(jax.tree.map(lambda x: x[None], summed)), block["segment"], stats
         trained = lowrank.materialize(start, layers, shared, block["start"], result)
         segment = block["segment"] if assign is None else assign(trained)
+        if align is not None:
+            trained = align(trained, segment)
         return trained, segment, stats
 
     return block_fn
 
 
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
-                      prox_scale, assign, sum_in_block=False):
+                      prox_scale, assign, sum_in_block=False, align=None):
     """The clients' inputs and the block function, shared by the collecting and the reducing
-    entry points."""
+    entry points. Clients with gradient corrections train on the per-client path."""
     inputs = _training_inputs(training, data, selection, weights, segments, prox_scale)
-    capacity = low_rank_capacity(training, data, start_models)
+    capacity = (None if selection.correction is not None
+                else low_rank_capacity(training, data, start_models))
     if capacity is None or training.dense_layers is None:
-        block_fn = _training_block_fn(training, data, key, start_models, assign, capacity)
+        block_fn = _training_block_fn(training, data, key, start_models, assign, capacity, align)
     else:
         block_fn = _low_rank_block_fn(training, data, key, start_models, capacity, assign,
-                                      sum_in_block)
+                                      sum_in_block, align)
     return inputs, block_fn
 
 
@@ -662,17 +677,20 @@ def train_and_aggregate(
     block_size: int,
     prox_scale: jax.Array | float = 1.0,
     assign: Optional[Callable[[PyTree], jax.Array]] = None,
+    align: Optional[Callable[[PyTree, jax.Array], PyTree]] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array, ClientStats]:
     """Train the selected clients and return weighted per-segment sums of their models
     ([K, ...]), the per-segment weight sums [K], each client's segment [S] and per-client stats
     [S], in selection order. Client models are never all alive at once: only one block of them.
 
     A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
-    after training (FeSEM's E-step on the freshly trained models).
+    after training (FeSEM's E-step on the freshly trained models). With `align`, the block's
+    models are replaced by ``align(trained_block, segment)`` before they are summed (FeSEM-MA's
+    matched averaging).
     """
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, weights, segments, prox_scale, assign,
-        sum_in_block=num_segments == 1,
+        sum_in_block=num_segments == 1, align=align,
     )
     like = jax.tree.map(lambda m: m[0], start_models)
     sums, weight_sums, (segment, stats) = reduce_clients(
@@ -703,13 +721,7 @@ def gradients_and_aggregate(
         "segment": segments,
     }
 
-    def one_client(inp, loop_length, alone):
-        del alone  # rows past the client's end are masked in every chunk anyway
-        params = jax.tree.map(lambda m: m[inp["start"]], start_models)
-        return full_gradient(apply_fn, data, params, data.train_offsets[inp["client"]],
-                             data.train_counts[inp["client"]], chunk, loop_length)
-
-    gradient_block = by_length(one_client, "chunks")
+    gradient_block = by_length(_gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
 
     def block_fn(block):
         grads, loss = gradient_block(block)
@@ -719,6 +731,33 @@ def gradients_and_aggregate(
     sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
                                                   num_segments, like)
     return sums, weight_sums, loss
+
+
+def client_gradients(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    start_models: PyTree,
+    selection: RoundClients,
+    block_size: int,
+    chunk: int = DEFAULT_EVAL_BATCH,
+) -> tuple[PyTree, jax.Array]:
+    """Each selected client's full-batch gradient of its mean training loss at its start model,
+    stacked [S, ...] in selection order, and its loss [S] (FedDANE's first exchange)."""
+    counts = data.train_counts[selection.clients]
+    inputs = {"client": selection.clients, "start": selection.start_index,
+              "chunks": ceil_div(counts, chunk)}
+    block_fn = by_length(_gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
+    return map_clients(block_fn, inputs, inputs["chunks"], block_size)
+
+
+def _gradient_of_client(apply_fn, data, start_models, chunk):
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
+        params = jax.tree.map(lambda m: m[inp["start"]], start_models)
+        return full_gradient(apply_fn, data, params, data.train_offsets[inp["client"]],
+                             data.train_counts[inp["client"]], chunk, loop_length)
+
+    return one_client
 
 
 def losses_of_models(

@@ -138,6 +138,18 @@ class ConvNet(nn.Module):
         return self.head(self.Dense_0(self.trunk(x)))
 
 
+class HiddenUnits(NamedTuple):
+    """The hidden units of layer `name` (the last axis of its kernel and its bias) and where
+    the next layer reads them: axis `axis` of `reader`'s kernel, reshaped to `shape` first
+    when given (a flattened feature map). Permuting the units and that axis together leaves
+    the network's function unchanged (what matched averaging relies on)."""
+
+    name: str
+    reader: str
+    axis: int
+    shape: Optional[tuple[int, ...]] = None
+
+
 class FactoredLayer(NamedTuple):
     """A model seen as ``head(params, trunk(params, x) @ kernel + bias)`` around one large
     dense layer `name`: what lets the engine keep that kernel's change as factors
@@ -167,6 +179,9 @@ class ModelSpec(NamedTuple):
     dense_layers: Optional[tuple[str, ...]] = None
     # For a model with one large dense layer after a trunk (the CNNs): that decomposition.
     factored: Optional[FactoredLayer] = None
+    # The hidden layers whose units can be permuted (matched averaging, FeSEM-MA), in order
+    # from the input.
+    hidden_units: tuple[HiddenUnits, ...] = ()
 
     def init(self, key: jax.Array):
         dummy = jnp.zeros((1,) + tuple(self.feature_shape), jnp.float32)
@@ -204,7 +219,7 @@ def make_model(
 ) -> ModelSpec:
     """Build a model by its registry name for inputs of `feature_shape`; `conv` picks how the
     CNNs compute their convolutions (`resolve_conv`)."""
-    dense_layers, factored = None, None
+    dense_layers, factored, units = None, None, ()
     if name == "mclr":
         module = MCLR(num_classes)
         dense_layers = ("Dense_0",)
@@ -213,11 +228,16 @@ def make_model(
             raise ConfigError(f"hidden widths must be positive integers, got {tuple(hidden)}")
         module = MLP(tuple(int(h) for h in hidden), num_classes)
         dense_layers = tuple(f"Dense_{i}" for i in range(len(hidden) + 1))
+        units = tuple(HiddenUnits(f"Dense_{i}", f"Dense_{i + 1}", 0) for i in range(len(hidden)))
     elif name in ("cnn-fmnist", "cnn-leaf"):
         if conv not in CONV_IMPLEMENTATIONS:
             raise choice_error("conv", conv, CONV_IMPLEMENTATIONS)
         module = ConvNet(num_classes, _image_shape(feature_shape),
                          dense=1024 if name == "cnn-fmnist" else 2048, conv=resolve_conv(conv))
+        side = (module.image_shape[0] // 4, module.image_shape[1] // 4)  # after two pools
+        units = (HiddenUnits("Conv_0", "Conv_1", 2),
+                 HiddenUnits("Conv_1", "Dense_0", 2, side + (module.features[1], module.dense)),
+                 HiddenUnits("Dense_0", "Dense_1", 0))
         factored = FactoredLayer(
             "Dense_0",
             lambda params, x: module.apply({"params": params}, x.astype(jnp.float32),
@@ -227,7 +247,7 @@ def make_model(
     else:
         raise choice_error("model", name, MODEL_NAMES)
     return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module), dense_layers,
-                     factored)
+                     factored, units)
 
 
 def count_params(params) -> int:

@@ -17,7 +17,10 @@ from mcfl.batch_rule import epoch_positions
 from mcfl.engine import LocalTraining
 
 
-def reference_local_train(training: LocalTraining, data, round_key, params, client: int):
+def reference_local_train(training: LocalTraining, data, round_key, params, client: int,
+                          correction=None):
+    """One client's local training, step by step; `correction` (a tree) is added to every
+    step's gradient (FedDANE)."""
     offset = int(data.train_offsets[client])
     n = int(data.train_counts[client])
     B = training.batch_size
@@ -38,6 +41,8 @@ def reference_local_train(training: LocalTraining, data, round_key, params, clie
             return loss + 0.5 * training.mu * sq
 
         grads = jax.grad(objective)(p)
+        if correction is not None:
+            grads = jax.tree.map(jnp.add, grads, correction)
         updates, opt_state = training.optimizer.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state
 

@@ -13,9 +13,13 @@ import optax
 from mcfl.algorithms import fedavg as _fedavg  # noqa: F401
 from mcfl.algorithms import fedsgd as _fedsgd  # noqa: F401
 from mcfl.algorithms import local as _local  # noqa: F401
+from mcfl.algorithms import feddist as _feddist  # noqa: F401
+from mcfl.algorithms import feddane as _feddane  # noqa: F401
 from mcfl.algorithms import fesem as _fesem  # noqa: F401
+from mcfl.algorithms import fesem_ma as _fesem_ma  # noqa: F401
 from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
+from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register

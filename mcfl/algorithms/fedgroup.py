@@ -60,7 +60,8 @@ from mcfl.errors import ConfigError
 from mcfl.sampling import sample_clients
 from mcfl.settings import setting
 
-MEASURES = ("edc", "madc")
+MEASURES = ("edc", "madc", "random")
+NEWCOMERS = ("similar", "random")
 MIGRATIONS = ("label", "counts")
 
 
@@ -97,10 +98,16 @@ class GroupState(flax.struct.PyTreeNode):
 
 
 def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> jax.Array:
-    """[m] group of each pre-training update [m, d] by EDC + k-means++ or MADC + complete link."""
+    """[m] group of each pre-training update [m, d]: EDC + k-means++, MADC + complete linkage,
+    or (FlexCFL's RCC ablation) K random clients' updates as the groups' directions, every
+    client joining the one its update is most similar to (as a newcomer joins)."""
     if measure == "edc":
         return kmeans(key, edc_embedding(updates, num_groups), num_groups, restarts=10).labels
-    return complete_linkage(madc(updates), num_groups)
+    if measure == "madc":
+        return complete_linkage(madc(updates), num_groups)
+    centers = sample_clients(key, updates.shape[0], num_groups)
+    labels = jnp.argmax(cosine_similarity(updates, updates[centers]), axis=1).astype(jnp.int32)
+    return labels.at[centers].set(jnp.arange(num_groups, dtype=jnp.int32))
 
 
 def inter_group_aggregation(models, eta_g: float):
@@ -118,9 +125,13 @@ def inter_group_aggregation(models, eta_g: float):
 class FedGroupParams:
     pretrain_scale: int = setting(20, "alpha: alpha * K clients pre-train for the group cold "
                                   "start", minimum=1)
-    measure: str = setting("edc", "grouping of the cold-start updates: edc (+ k-means++) or "
-                           "madc (+ complete linkage)", choices=MEASURES)
+    measure: str = setting("edc", "grouping of the cold-start updates: edc (+ k-means++), madc "
+                           "(+ complete linkage), or random (the RCC ablation: K random "
+                           "clients' updates as group directions)", choices=MEASURES)
     eta_g: float = setting(0.0, "inter-group aggregation rate (0: none)", minimum=0)
+    newcomers: str = setting("similar", "a newcomer joins the most similar group after "
+                             "pre-training, or a random one without pre-training (the RAC "
+                             "ablation)", choices=NEWCOMERS)
 
     def check(self, config) -> None:
         needed = self.pretrain_scale * config.clusters
@@ -176,7 +187,11 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
 
     def join(state, data, key, clients, active):
         """Groups the `active` clients join after pre-training from W_0: argmin_g (1 - cos) / 2
-        (computed only in rounds with at least one, under `lax.cond`)."""
+        (computed only in rounds with at least one, under `lax.cond`); under RAC, random
+        groups without pre-training."""
+        if params.newcomers == "random":
+            return jax.random.randint(key, clients.shape, 0, num_groups, jnp.int32)
+
         def pretrain_and_join(_):
             updates, _ = pretrain(data, key, state.w0, clients, active)
             cos = cosine_similarity(updates, state.directions)  # [S, K]
@@ -226,8 +241,10 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(
             label_counts(data)[clients], mode="drop")
         metrics = training_metrics(weights, stats)
-        # Newcomers download W_0 and upload dW once; the group cold start is counted in round 1.
-        cold = (jnp.sum(newcomer) + migrated).astype(jnp.float32) + jnp.where(
+        # Newcomers download W_0 and upload dW once (not under RAC: they pre-train nothing);
+        # the group cold start is counted in round 1.
+        joining = 0 if params.newcomers == "random" else jnp.sum(newcomer) + migrated
+        cold = jnp.asarray(joining, jnp.float32) + jnp.where(
             state.round == 0, state.cold_start_models, 0.0)
         metrics["models_down"] = metrics["models_down"] + cold
         metrics["models_up"] = metrics["models_up"] + cold

@@ -59,11 +59,13 @@ class FeSEMParams:
           "each joins its nearest center (Eq. 9); M-step: centers become their members' mean "
           "(Eq. 10); initialised by k-means with restarts on one round of local models")
 def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
-          name: str = "fesem") -> FederatedAlgorithm:
+          name: str = "fesem", align_to_centers=None) -> FederatedAlgorithm:
     """FeSEM with K = ``context.num_clusters`` centers and distance weight lambda.
 
     The default lambda = 0.05 gives a proximal weight mu = 2 lambda = 0.1 for a client of
-    average size, the FedProx mu used in the FeSEM paper's baselines.
+    average size, the FedProx mu used in the FeSEM paper's baselines. With
+    `align_to_centers(block, centers)`, each block of trained models is aligned to the centers
+    its clients joined before the M-step averages them (FeSEM-MA).
     """
     model, training = context.model, context.training
     clients_per_round, block_size = context.clients_per_round, context.block_size
@@ -104,10 +106,17 @@ def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
         def e_step(trained_block):
             return nearest_models(jax.vmap(features)(trained_block), center_features)
 
+        align = None
+        if align_to_centers is not None:
+            def align(trained_block, segment):
+                joined = jax.tree.map(lambda m: m[segment], state.models)
+                return align_to_centers(trained_block, joined)
+
         weights = m_step_weights(data, clients)
         sums, weight_sums, segment, stats = train_and_aggregate(
             local, data, train_key, state.models, RoundClients(clients, start), weights,
             start, num_clusters, block_size, prox_scale(data, clients), assign=e_step,
+            align=align,
         )
         return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
                             data.train_counts[clients], num_clusters)

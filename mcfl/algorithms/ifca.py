@@ -4,32 +4,48 @@ Learning", Alg. 1 with model averaging; Mansour et al., 2020).
 Each sampled client receives all K cluster models, evaluates each one's loss on its own training
 data, joins the argmin, trains that model locally; the server averages the returned models per
 cluster weighted by n_i. A cluster no sampled client joined keeps its model. The K models start
-from K independent random initialisations, and every client's first identity is estimated the
-same way (argmin loss) at initialisation, so all clients have a model to be evaluated with.
+from K independent random initialisations, as in the paper (``init="random"``), or, with
+``init="kmeans++"``, from K of one round of local models: the round's sampled clients train
+from one W_0 and k-means++ seeding picks K of their models (a remedy for the runs where
+random starts leave two planted clusters on one model). Every client's first identity is then
+estimated the same way (argmin loss), so all clients have a model to be evaluated with.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round
+from mcfl.algorithms.base import FederatedAlgorithm, stack
+from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round, flat_models
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.clustering import kmeans_plusplus_indices
 from mcfl.engine import (
     RoundClients,
     losses_of_models,
     train_and_aggregate,
+    train_and_collect,
 )
 from mcfl.sampling import sample_clients
+from mcfl.settings import setting
+
+INITS = ("random", "kmeans++")
 
 
-@register("ifca", clustered=True, reference="Ghosh et al., 2020, IFCA",
+@dataclasses.dataclass(frozen=True)
+class IFCAParams:
+    init: str = setting("random", "the K models' start: random (the paper's) or kmeans++ (K of "
+                        "one round of sampled clients' local models)", key="ifca_init",
+                        choices=INITS)
+
+
+@register("ifca", IFCAParams, clustered=True, reference="Ghosh et al., 2020, IFCA",
           summary="each sampled client receives all K models, joins the one of lowest loss on "
           "its training data, trains it; per-cluster averaging weighted by n_i")
-def ifca(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
+def ifca(context: AlgorithmContext, params: IFCAParams = IFCAParams()) -> FederatedAlgorithm:
     """IFCA with K = ``context.num_clusters`` models."""
-    del params
     model, training = context.model, context.training
     clients_per_round, block_size = context.clients_per_round, context.block_size
     num_clusters = context.num_clusters
@@ -38,8 +54,19 @@ def ifca(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
         losses = losses_of_models(model.apply, data, models, clients, block_size)  # [S, K]
         return jnp.argmin(losses, axis=1).astype(jnp.int32)
 
+    def initial_models(data, key):
+        if params.init == "random":
+            return jax.vmap(model.init)(jax.random.split(key, num_clusters))
+        init_key, sample_key, train_key, seed_key = jax.random.split(key, 4)
+        sampled = sample_clients(sample_key, data.num_clients,
+                                 max(clients_per_round, num_clusters))
+        local, _ = train_and_collect(training, data, train_key, stack(model.init(init_key)),
+                                     RoundClients(sampled, jnp.zeros_like(sampled)), block_size)
+        chosen = kmeans_plusplus_indices(seed_key, flat_models(local), num_clusters)
+        return jax.tree.map(lambda m: m[chosen], local)
+
     def init(data, key):
-        models = jax.vmap(model.init)(jax.random.split(key, num_clusters))
+        models = initial_models(data, key)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         return ClusterState.create(models, identities(models, data, clients),
                                    jnp.ones((num_clusters,), bool))

@@ -35,8 +35,15 @@ def _point_weights(x: jax.Array, weights: Optional[jax.Array]) -> jax.Array:
 def kmeans_plusplus(
     key: jax.Array, x: jax.Array, k: int, weights: Optional[jax.Array] = None
 ) -> jax.Array:
-    """[k, d] initial centers by greedy k-means++ (Arthur & Vassilvitskii 2007), as
-    scikit-learn's ``kmeans_plusplus`` does it.
+    """[k, d] initial centers by greedy k-means++: the rows `kmeans_plusplus_indices` picks."""
+    return jnp.asarray(x)[kmeans_plusplus_indices(key, x, k, weights)]
+
+
+def kmeans_plusplus_indices(
+    key: jax.Array, x: jax.Array, k: int, weights: Optional[jax.Array] = None
+) -> jax.Array:
+    """[k] int32 rows of `x` chosen as initial centers by greedy k-means++ (Arthur &
+    Vassilvitskii 2007), as scikit-learn's ``kmeans_plusplus`` does it.
 
     The first center is a point drawn with probability proportional to its weight. Each later
     center draws ``2 + floor(ln k)`` candidates with probability proportional to
@@ -44,16 +51,16 @@ def kmeans_plusplus(
     lowers the potential ``sum_i w_i D(x_i)^2`` most. `k` is static.
     """
     x = jnp.asarray(x)
-    n, d = x.shape
+    n = x.shape[0]
     w = _point_weights(x, weights)  # [n]
     num_trials = 2 + int(math.log(k))
     first_key, loop_key = jax.random.split(key)
     first = jax.random.choice(first_key, n, p=w / jnp.sum(w))
-    centers = jnp.zeros((k, d), x.dtype).at[0].set(x[first])  # [k, d]
+    chosen = jnp.zeros((k,), jnp.int32).at[0].set(first)
     closest = squared_distances(x[first][None], x)[0]  # [n]
 
     def add_center(c, carry):
-        centers, closest = carry
+        chosen, closest = carry
         cumulative = jnp.cumsum(w * closest)  # [n]
         draws = jax.random.uniform(jax.random.fold_in(loop_key, c), (num_trials,))
         candidates = jnp.searchsorted(cumulative, draws * cumulative[-1])  # [L]
@@ -61,10 +68,10 @@ def kmeans_plusplus(
         trial = jnp.minimum(closest[None], squared_distances(x[candidates], x))  # [L, n]
         potentials = jnp.matmul(trial, w, precision=HIGHEST)  # [L]
         best = jnp.argmin(potentials)
-        return centers.at[c].set(x[candidates[best]]), trial[best]
+        return chosen.at[c].set(candidates[best]), trial[best]
 
-    centers, _ = jax.lax.fori_loop(1, k, add_center, (centers, closest))
-    return centers
+    chosen, _ = jax.lax.fori_loop(1, k, add_center, (chosen, closest))
+    return chosen
 
 
 def _assign(x: jax.Array, centers: jax.Array) -> tuple[jax.Array, jax.Array]:
