@@ -133,3 +133,9 @@ def _shown(value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)
+
+
+if __name__ == "__main__":  # python -m mcfl.algorithms.registry: the README's table
+    import mcfl.algorithms  # noqa: F401  (registers every algorithm)
+
+    print(markdown_table())

@@ -1,0 +1,76 @@
+"""The registry drives the config, the flags, --help and the README: what a new algorithm
+gets from its registration alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import mcfl
+from mcfl import settings
+from mcfl.algorithms import registry
+from mcfl.apps.cli import build_parser
+from mcfl.errors import ConfigError
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def test_the_readme_table_is_the_registry():
+    text = README.read_text()
+    table = text.split("<!-- algorithms:start -->\n")[1].split("\n<!-- algorithms:end -->")[0]
+    assert table == registry.markdown_table()
+
+
+def test_help_lists_every_hyperparameter_with_its_default():
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]
+    help_text = " ".join(run.format_help().split())
+    for spec in registry.REGISTRY.values():
+        for key, field in settings.fields_of(spec.params).items():
+            assert "--" + key.replace("_", "-") in help_text, key
+            assert spec.name in help_text
+    assert "--fesem-lambda FESEM_LAMBDA [fesem, fesem_ma] lambda of Eq. 6" in help_text
+    assert "(default 0.05)" in help_text
+
+
+def test_the_readme_example_registers_a_working_algorithm(tmp_path):
+    code = README.read_text().split("### Adding an algorithm")[1].split("```python\n")[1]
+    code = code.split("```")[0]
+    try:
+        exec(compile(code, "README.md", "exec"), {})
+        assert "fedavgm" in registry.names()
+        config = mcfl.RunConfig(algorithm="fedavgm", fedavgm_beta=0.5, clients=12, rounds=2,
+                                clients_per_round=4)
+        result = mcfl.run(config)
+        assert result.summary["final_accuracy_micro"] > 0
+        assert "--fedavgm-beta" in build_parser().format_help() + " ".join(
+            build_parser()._subparsers._group_actions[0].choices["run"].format_help().split())
+        with pytest.raises(ConfigError, match="fedavgm_beta must be a number >= 0 and < 1"):
+            mcfl.RunConfig(algorithm="fedavgm", fedavgm_beta=1.0)
+    finally:
+        registry.REGISTRY.pop("fedavgm", None)
+
+
+def test_config_files_keep_their_flat_keys(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('algorithm = "fesem"\nfesem_lambda = 0.2\nfesem_last_layer = true\n')
+    config = mcfl.from_dict(mcfl.load_file(path))
+    assert config.params.lam == 0.2 and config.fesem_last_layer is True
+    assert config.to_dict()["fesem_lambda"] == 0.2
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps({"algorithm": "fesem", "fesem_last_layer": "false"}))
+    with pytest.raises(ConfigError, match="fesem_last_layer must be true or false, got 'false'"):
+        mcfl.from_dict(mcfl.load_file(bad))
+    with pytest.raises(ConfigError, match=re.escape("eta_g applies to fedgroup, flexcfl, not "
+                                                    "'fesem'")):
+        mcfl.RunConfig(algorithm="fesem", eta_g=0.1)
+
+
+def test_changing_the_algorithm_keeps_shared_hyperparameters():
+    fedprox = mcfl.RunConfig(algorithm="fedprox", mu=0.5, server_lr=0.8)
+    assert fedprox.replace(algorithm="feddane").mu == 0.5  # both take mu
+    fedavg = fedprox.replace(algorithm="fedavg")
+    assert fedavg.server_lr == 0.8 and "mu" not in fedavg.to_dict()
