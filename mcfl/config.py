@@ -111,6 +111,10 @@ class RunConfig:
                             "(mcfl.lowrank): auto (when faster) | on | off", choices=LOW_RANK)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
+    embed_clients: int = setting(1000, "clustered runs: after the last round, this many clients "
+                                 "(all if fewer) train once from their cluster's model, and "
+                                 "their models' 2-D PCA projection is kept (clients_pca.npz, "
+                                 "mcfl plot clusters); 0: none", minimum=0)
     params: Any = dataclasses.field(default=None, metadata={"doc": "", "internal": True})
 
     def __init__(self, **values):

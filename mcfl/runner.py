@@ -48,6 +48,8 @@ class RunResult:
     # [E, C] cluster of every client after each evaluated round, and those rounds [E]
     assignments: Optional[np.ndarray] = None
     assignment_rounds: Optional[np.ndarray] = None
+    # clustered runs: sampled clients' local models in 2-D (mcfl.embedding), as NumPy arrays
+    client_embedding: Optional[dict[str, np.ndarray]] = None
 
     def write(self, out_dir) -> Path:
         """Write the run folder (summary.json, rounds.csv, clients.csv, curves.png, ...)."""
@@ -257,11 +259,33 @@ def _run(
     final_assignment = evaluated_assignments[-1] if evaluated_assignments else None
     clients = _client_rows(dataset, metrics, final_assignment)
     stacked = np.stack(evaluated_assignments) if evaluated_assignments else None
+    embedding = None
+    if algorithm.assignments is not None and config.embed_clients > 0:
+        embedding = _embedding(algorithm, config, model, block_size, state, data, rounds_key,
+                               final_assignment, dataset)
     result = RunResult(config, summary, rows, clients, state, stacked,
-                       np.asarray(assignment_rounds) if stacked is not None else None)
+                       np.asarray(assignment_rounds) if stacked is not None else None,
+                       embedding)
     for observer in observers:
         observer.finished(result)
     return result
+
+
+def _embedding(algorithm, config, model, block_size, state, data, rounds_key, assignment,
+               dataset) -> dict[str, np.ndarray]:
+    """The 2-D projection of sampled clients' local models, with their clusters."""
+    from mcfl.embedding import client_embedding
+
+    count = min(config.embed_clients, dataset.num_clients)
+    found = jax.device_get(client_embedding(
+        algorithm, local_training(config, model), block_size, count, state, data,
+        jax.random.fold_in(rounds_key, config.rounds + 1)))
+    clients = np.asarray(found.clients)
+    out = {"clients": clients, "coords": np.asarray(found.coords),
+           "explained": np.asarray(found.explained), "cluster": assignment[clients]}
+    if dataset.true_cluster is not None:
+        out["true_cluster"] = dataset.true_cluster[clients]
+    return out
 
 
 def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int, int]]:

@@ -29,7 +29,7 @@ def test_help_lists_every_hyperparameter_with_its_default():
     run = parser._subparsers._group_actions[0].choices["run"]
     help_text = " ".join(run.format_help().split())
     for spec in registry.REGISTRY.values():
-        for key, field in settings.fields_of(spec.params).items():
+        for key in settings.fields_of(spec.params):
             assert "--" + key.replace("_", "-") in help_text, key
             assert spec.name in help_text
     assert "--fesem-lambda FESEM_LAMBDA [fesem, fesem_ma] lambda of Eq. 6" in help_text

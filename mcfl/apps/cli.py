@@ -1,4 +1,5 @@
-"""The `mcfl` command line: `mcfl run`, `mcfl data`, `mcfl compare`, `mcfl demo`, `mcfl bench`.
+"""The `mcfl` command line: `mcfl run`, `mcfl data`, `mcfl compare`, `mcfl plot`,
+`mcfl select-k`, `mcfl demo`, `mcfl bench`.
 
 Every setting of `RunConfig` and every hyperparameter of a registered algorithm is a flag
 (``local_epochs`` -> ``--local-epochs``, ``fesem_lambda`` -> ``--fesem-lambda``), with its help
@@ -215,6 +216,47 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_plot_clusters(args) -> int:
+    from mcfl.apps.plots import plot_clusters
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "clusters.png"
+    print(f"clients' local models in 2-D: {plot_clusters(Path(args.run_dir), out)}")
+    return 0
+
+
+def cmd_select_k(args) -> int:
+    from mcfl.apps.select_k import write_select_k
+    from mcfl.select_k import select_k
+
+    config = config_from_args(args)
+    candidates = _int_list(args.k, "--k")
+    print(f"{'K':>3} {'acc micro':>10} {'acc macro':>10} {'intra dist':>11} {'seconds':>8}")
+
+    def show(row):
+        intra = row["intra_cluster_distance"]
+        print(f"{row['k']:>3} {row['accuracy_micro']:>10.4f} {row['accuracy_macro']:>10.4f} "
+              f"{'-' if intra is None else format(intra, '.4f'):>11} {row['seconds']:>8.1f}",
+              flush=True)
+
+    found = select_k(config, candidates, args.sample, args.candidate_rounds, args.tolerance,
+                     progress=show)
+    write_select_k(Path(args.out), found, config)
+    print(f"recommended K = {found['recommended']} by accuracy (the smallest within "
+          f"{args.tolerance} of the best), {found['elbow']} by the elbow of the intra-cluster "
+          f"distance; {args.out}/select_k.csv, select_k.json, select_k.png")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} must be comma-separated integers >= 1, got {text!r}")
+    return values
+
+
 def cmd_demo(args) -> int:
     from mcfl.apps.demo import run_demo
 
@@ -325,6 +367,31 @@ def build_parser() -> argparse.ArgumentParser:
     p_compare.add_argument("--out", default="compare.png", metavar="PNG")
     p_compare.set_defaults(func=cmd_compare)
 
+    p_plot_top = sub.add_parser("plot", help="plots of a run folder")
+    plot_sub = p_plot_top.add_subparsers(dest="plot_command", required=True, parser_class=_Parser)
+    p_clusters = plot_sub.add_parser(
+        "clusters", help="clients' local models in 2-D (PCA), coloured by cluster")
+    p_clusters.add_argument("run_dir", metavar="RUN_DIR")
+    p_clusters.add_argument("--out", metavar="PNG", help="default RUN_DIR/clusters.png")
+    p_clusters.set_defaults(func=cmd_plot_clusters)
+
+    p_select = sub.add_parser(
+        "select-k", help="compare candidate K on a sample of clients for a few rounds")
+    add_config_flags(p_select)
+    add_cache_flags(p_select)
+    add_compile_cache_flag(p_select)
+    p_select.add_argument("--k", required=True, metavar="LIST",
+                          help="candidate K values, e.g. 2,3,4,5,6")
+    p_select.add_argument("--sample", type=int, default=100,
+                          help="clients sampled for the trials (default %(default)s)")
+    p_select.add_argument("--candidate-rounds", type=int, default=3,
+                          help="rounds per candidate (default %(default)s)")
+    p_select.add_argument("--tolerance", type=float, default=0.005,
+                          help="accuracy within which a smaller K is preferred (default "
+                          "%(default)s)")
+    p_select.add_argument("--out", default="runs/select-k", metavar="DIR")
+    p_select.set_defaults(func=cmd_select_k)
+
     p_demo = sub.add_parser(
         "demo", help="baselines on Synthetic(1,1); FeSEM and IFCA on planted clusters"
     )
@@ -347,7 +414,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command in ("run", "demo", "bench"):
+        if args.command in ("run", "demo", "bench", "select-k"):
             setup_compile_cache(args)
         return args.func(args)
     except (McflError, ConfigError) as e:

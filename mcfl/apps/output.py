@@ -151,6 +151,9 @@ def write_final(out_dir: Path, result) -> None:
     if result.assignments is not None:
         np.savez(out_dir / "assignments.npz", rounds=result.assignment_rounds,
                  assignments=result.assignments)
+    if result.client_embedding is not None:
+        np.savez(out_dir / "clients_pca.npz", algorithm=np.array(result.config.algorithm),
+                 **result.client_embedding)
     plot_curves(out_dir / "curves.png", result.rounds, title=title_of(result.config))
 
 

@@ -278,3 +278,22 @@ def from_splits(
         feature_shape=tuple(xtr.shape[1:]),
         true_cluster=None if true_cluster is None else np.asarray(true_cluster, np.int64),
     )
+
+
+def subset_clients(dataset: FederatedDataset, clients) -> FederatedDataset:
+    """A dataset of only `clients` (ascending ids) with their rows, renumbered 0..n-1 (their
+    client ids and planted clusters kept). Rows are gathered on the device."""
+    clients = np.asarray(clients, np.int64)
+    a = dataset.arrays
+    parts = []
+    for x, y, offsets, counts in ((a.x_train, a.y_train, a.train_offsets, a.train_counts),
+                                  (a.x_test, a.y_test, a.test_offsets, a.test_counts)):
+        start, count = np.asarray(offsets)[clients], np.asarray(counts)[clients]
+        rows = np.concatenate([np.arange(s, s + c) for s, c in zip(start, count)]
+                              ) if len(clients) else np.zeros(0, np.int64)
+        owner = np.repeat(np.arange(len(clients)), count)
+        parts.append((x[jnp.asarray(rows)], np.asarray(y)[rows], owner))
+    ids = [dataset.client_ids[i] for i in clients]
+    true = None if dataset.true_cluster is None else dataset.true_cluster[clients]
+    return from_splits(dataset.name, parts[0], parts[1], len(clients), dataset.num_classes, ids,
+                       true)
