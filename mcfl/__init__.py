@@ -2,8 +2,9 @@
 
 The public API: `run` a `RunConfig` (results as a `RunResult`; `RunObserver` to follow a run),
 the algorithm registry (`mcfl.algorithms`: `names`, `get`, `build`, `register`,
-`AlgorithmContext`), and `scan_rounds` to run many rounds as one `lax.scan`. The command line,
-run folders and plots live in `mcfl.apps`.
+`AlgorithmContext`), `sweep` to run many seeds and hyperparameter values as one vmapped
+program (tables as a `SweepResult`), and `scan_rounds` to run many rounds as one
+`lax.scan`. The command line, run folders and plots live in `mcfl.apps`.
 """
 
 from mcfl import algorithms
@@ -11,6 +12,7 @@ from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
 from mcfl.runner import RunObserver, RunResult, run
+from mcfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"
 
@@ -18,9 +20,11 @@ __all__ = [
     "RunConfig",
     "RunObserver",
     "RunResult",
+    "SweepResult",
     "algorithms",
     "run",
     "scan_rounds",
+    "sweep",
     "from_dict",
     "load_file",
     "McflError",

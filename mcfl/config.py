@@ -89,7 +89,8 @@ class RunConfig:
     client_optimizer: str = setting("sgd", "sgd | momentum | adam", choices=OPTIMIZERS)
     momentum: float = setting(0.9, "momentum of --client-optimizer momentum", minimum=0,
                               below=1)
-    weight_decay: float = setting(0.0, "L2 weight decay on the clients", minimum=0)
+    weight_decay: float = setting(0.0, "L2 weight decay on the clients", minimum=0,
+                                  static=True)  # plain SGD or not picks the training path
     clients_per_round: Optional[Union[int, float]] = setting(
         None, "clients sampled per round: a count (20) or a fraction (0.1); default "
         "min(20, clients)")

@@ -29,6 +29,7 @@ import optax
 from mcfl import lowrank
 from mcfl.batch_rule import step_rows
 from mcfl.data.federated import FederatedData
+from mcfl.lowrank import maybe_nonzero
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -133,7 +134,7 @@ def local_train(
     def objective(p, xb, yb, mask):
         loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
         total = loss
-        if training.mu > 0:
+        if maybe_nonzero(training.mu):
             total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
         return total, loss
 
@@ -195,7 +196,7 @@ def local_train_factored(
         z = h @ kernel0 + (h @ hist_in.T) @ hist_grad + rest[layer.name]["bias"] + offset
         loss = masked_cross_entropy(layer.head(rest, z), yb, mask)
         total = loss
-        if training.mu > 0:
+        if maybe_nonzero(training.mu):
             total = total + 0.5 * training.mu * prox_scale * squared_distance(rest, anchor)
         return total, (loss, h)
 
@@ -211,7 +212,7 @@ def local_train_factored(
         active = jnp.asarray(True) if not masked else s < num_steps
         scale = jnp.where(active, -lr, 0.0)
         rest = jax.tree.map(lambda p, g: p + scale * g, rest, grads)
-        if training.mu > 0:
+        if maybe_nonzero(training.mu):
             hist_grad = hist_grad * jnp.where(active, 1.0 - lr * training.mu * prox_scale, 1.0)
         at = jnp.minimum(s, capacity - 1) * batch
         hist_in = jax.lax.dynamic_update_slice_in_dim(hist_in, h, at, axis=0)

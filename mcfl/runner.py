@@ -17,7 +17,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -126,6 +126,44 @@ def run(
         return _run(config, dataset, started, observers, profile_dir, mesh)
 
 
+class RunPlan(NamedTuple):
+    """What a config and its dataset fix before training: the model, its size, the clients a
+    round and how they are blocked (shared by `run` and the members of a sweep)."""
+
+    model: Any  # mcfl.models.ModelSpec
+    params_count: int
+    clients_per_round: int
+    low_rank: bool  # rounds train on the factored path
+    block_size: int  # clients per vmapped block in training
+    eval_block: int  # ... in evaluation
+
+
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """(initialisation key, rounds key) of a run with `seed`; round r uses
+    ``fold_in(rounds_key, r)``."""
+    init_key, rounds_key = jax.random.split(jax.random.key(seed))
+    return init_key, rounds_key
+
+
+def plan_run(config: RunConfig, dataset: FederatedDataset) -> RunPlan:
+    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
+                       config.conv)
+    init_key = jax.random.key(0)  # shapes only
+    params_count = count_params(jax.eval_shape(model.init, init_key))
+    per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
+    # Whether rounds will train on the factored path (a shift's view makes every round dense).
+    low_rank = config.shift == "none" and engine.low_rank_capacity(
+        local_training(config, model), dataset.arrays,
+        jax.eval_shape(jax.vmap(model.init), init_key[None])
+    ) is not None
+    # Blocks of the dense-stack path share products and want many clients; a CNN's factored
+    # layer is per client, sized like the per-client path.
+    block_size = config.block_size or engine.default_block_size(
+        params_count, per_round, low_rank=low_rank and model.dense_layers is not None)
+    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
+    return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block)
+
+
 def _client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:
     """The mesh that shards clients over `devices` devices (None: all of them, of every
     process); None for one device."""
@@ -155,22 +193,11 @@ def _run(
             f"clients={config.clients}; build it from the same config"
         )
     data = dataset.arrays
-    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
-                       config.conv)
-    key = jax.random.key(config.seed)
-    init_key, rounds_key = jax.random.split(key)
-    params_count = count_params(jax.eval_shape(model.init, init_key))
-    per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
-    # Whether rounds will train on the factored path (a shift's view makes every round dense).
-    low_rank = config.shift == "none" and engine.low_rank_capacity(
-        local_training(config, model), data, jax.eval_shape(jax.vmap(model.init), init_key[None])
-    ) is not None
-    # Blocks of the dense-stack path share products and want many clients; a CNN's factored
-    # layer is per client, sized like the per-client path.
-    block_size = config.block_size or engine.default_block_size(
-        params_count, per_round, low_rank=low_rank and model.dense_layers is not None)
+    init_key, rounds_key = run_keys(config.seed)
+    plan = plan_run(config, dataset)
+    model, params_count, per_round = plan.model, plan.params_count, plan.clients_per_round
+    low_rank, block_size, eval_block = plan.low_rank, plan.block_size, plan.eval_block
     algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
-    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
 
     init_start = time.perf_counter()
     # (blocked on: dispatch is asynchronous, and an initialisation that trains every client,

@@ -22,11 +22,13 @@ INT64_MAX = 2**63 - 1
 
 
 def setting(default, doc: str, *, key: Optional[str] = None, minimum=None, maximum=None,
-            above=None, below=None, choices: Optional[tuple] = None) -> Any:
+            above=None, below=None, choices: Optional[tuple] = None, static: bool = False) -> Any:
     """A dataclass field with its doc, flat key (default: the field's name) and range:
-    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`."""
+    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`.
+    ``static=True`` marks a float whose value shapes the compiled program (a Python branch or a
+    shape depends on it), so a sweep may not vary it inside one program (`mcfl.sweep`)."""
     metadata = {"doc": doc, "key": key, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "choices": choices}
+                "below": below, "choices": choices, "static": static}
     return dataclasses.field(default=default, metadata=metadata)
 
 

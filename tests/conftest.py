@@ -1,9 +1,22 @@
-"""Shared fixtures: tiny federated datasets built once per session."""
+"""Shared fixtures: tiny federated datasets built once per session.
+
+The suite runs with XLA's optimisation passes off (JAX_DISABLE_MOST_OPTIMIZATIONS=1, set here
+before JAX starts and inherited by the tests' subprocesses): the tests check what programs
+compute, on tiny inputs, and most of their time was compiling (20% less with the passes off);
+the benchmarks and the demo run fully optimised programs.
+"""
 
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+import json
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +25,46 @@ from mcfl.data.federated import from_splits
 
 # The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
 os.environ["MCFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="mcfl-test-cache-")
+
+HERE = Path(__file__).parent
+# Checks that need a process of their own (several devices) and take minutes of compiling run
+# in the background from the start of the session, while the other tests run; their tests are
+# moved to the end of the session to collect the results.
+BACKGROUND_TESTS = ("test_conformance.py::test_one_and_four_devices_agree",
+                    "test_conformance.py::test_runs_under_every_distribution_shift",
+                    "test_sweeps.py::test_members_dealt_over_four_devices_equal_one_device")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: any(name in item.nodeid for name in BACKGROUND_TESTS))
+    config.background_needed = any(name in item.nodeid for item in items
+                                   for name in BACKGROUND_TESTS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def conformance_background(request):
+    """The results of tests/conformance_background.py (a dict), started with the session when
+    the session has tests that need it."""
+    if not getattr(request.config, "background_needed", False):
+        yield None
+        return
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    proc = subprocess.Popen([sys.executable, str(HERE / "conformance_background.py")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results: dict = {}
+
+    def get_results() -> dict:
+        if not results:
+            out, err = proc.communicate(timeout=1500)
+            assert proc.returncode == 0, err[-3000:]
+            results.update(json.loads(out))
+        return results
+
+    yield get_results
+    if proc.returncode is None:
+        proc.kill()
+        proc.communicate()
 
 
 def ragged_dataset(sizes, num_features=5, num_classes=3, seed=0, name="ragged"):

@@ -19,5 +19,7 @@ def test_quickstart_notebook_runs():
                                          for s in (0, 1)}
     assert all(0 <= v <= 1 for v in namespace["results"].values())
     assert namespace["metrics"]["train_loss"] > 0
+    summary = namespace["summary"]
+    assert list(summary["mu"]) == [0.0, 1.0] and list(summary["completed"]) == [3, 3]
     accuracy, ari = namespace["clustered"]["fesem"]
     assert ari is not None and accuracy > namespace["clustered"]["fedavg"][0]

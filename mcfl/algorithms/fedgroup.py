@@ -52,6 +52,7 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import (
     RoundClients,
+    maybe_nonzero,
     segment_mean,
     train_and_aggregate,
     train_and_collect,
@@ -235,7 +236,7 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
             group, num_groups, block_size,
         )
         models = segment_mean(sums, weight_sums, state.models)
-        if eta_g > 0:
+        if maybe_nonzero(eta_g):
             models = inter_group_aggregation(models, eta_g)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, group)
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(

@@ -42,7 +42,8 @@ AGGREGATORS = ("median", "trimmed_mean")
 @dataclasses.dataclass(frozen=True)
 class RobustParams:
     trim: float = setting(0.05, "beta: the share of models trimmed by trimmed k-means and by "
-                          "the trimmed-mean aggregator", key="robust_trim", minimum=0, below=0.5)
+                          "the trimmed-mean aggregator", key="robust_trim", minimum=0, below=0.5,
+                          static=True)  # sets how many models are trimmed: a shape
     centroid: str = setting("trimmed_mean", "trimmed k-means centers: trimmed_mean or median",
                             key="robust_centroid", choices=CENTROIDS)
     aggregator: str = setting("median", "robust aggregate inside a cluster: median or "

@@ -1,4 +1,4 @@
-"""The `mcfl` command line: `mcfl run`, `mcfl data`, `mcfl compare`, `mcfl plot`,
+"""The `mcfl` command line: `mcfl run`, `mcfl sweep`, `mcfl data`, `mcfl compare`, `mcfl plot`,
 `mcfl select-k`, `mcfl demo`, `mcfl bench`.
 
 Every setting of `RunConfig` and every hyperparameter of a registered algorithm is a flag
@@ -188,6 +188,67 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from tqdm import tqdm
+
+    from mcfl.sweeps import sweep
+    from mcfl.sweeps.spec import parse_grid
+
+    config = config_from_args(args)
+    grid: dict[str, tuple] = {}
+    if args.algorithms is not None:
+        grid["algorithm"] = parse_grid(f"algorithm={args.algorithms}")[1]
+    for text in args.grid or ():
+        name, values = parse_grid(text)
+        if name in grid:
+            raise ConfigError(f"--grid {name} is given twice; list all its values in one flag")
+        grid[name] = values
+    out = Path(args.out)
+    bars = []  # made at the first progress report, after every input was checked
+
+    def update(done, total):
+        if not bars:
+            bars.append(tqdm(total=total, desc="sweep", unit="member-round",
+                             dynamic_ncols=True))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        result = sweep(config, seeds=args.seeds, grid=grid,
+                       data_seeds=args.data_seeds, out_dir=out,
+                       cache_dir=cache_dir_from_args(args),
+                       members_per_chunk=args.members_per_chunk, progress=update)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(format_sweep_summary(result))
+    groups = result.groups
+    print(f"{len(result.members)} members in {len(groups)} group(s) "
+          f"({', '.join(str(g['members_per_chunk']) for g in groups)} members per program); "
+          f"{result.spec['wall_seconds']:.1f} s; results in {out}/")
+    diverged = [m for m in result.members if m["status"] != "completed"]
+    for m in diverged:
+        print(f"mcfl: error: member {m['member']} (seed {m['seed']}"
+              + "".join(f", {k}={m[k]}" for k in result.point_names)
+              + f") diverged after round {m['rounds_completed']}; its rows so far are kept",
+              file=sys.stderr)
+    return 2 if diverged else 0
+
+
+def format_sweep_summary(result) -> str:
+    """Final micro accuracy (mean +/- std over seeds) of every grid point."""
+    names = result.point_names
+    lines = []
+    for row in result.summary:
+        label = ", ".join(f"{n}={row[n]}" for n in names) or "all members"
+        mean = row.get("final_accuracy_micro_mean")
+        std = row.get("final_accuracy_micro_std")
+        shown = "-" if mean is None else f"{mean:.4f}" + (
+            "" if std is None or std != std else f" +/- {std:.4f}")
+        lines.append(f"{label:<40} accuracy micro {shown}  (n={row['completed']})")
+    return "\n".join(lines)
+
+
 def cmd_data_describe(args) -> int:
     from mcfl.apps.describe import format_description
     from mcfl.data import load_dataset
@@ -350,6 +411,26 @@ def build_parser() -> argparse.ArgumentParser:
                        "--scan-rounds: of the second chunk of rounds)")
     p_run.set_defaults(func=cmd_run)
 
+    p_sweep = sub.add_parser(
+        "sweep", help="many seeds and hyperparameter values as one vmapped program: "
+        "mean / std tables and band plots")
+    add_config_flags(p_sweep)
+    add_cache_flags(p_sweep)
+    add_compile_cache_flag(p_sweep)
+    p_sweep.add_argument("--seeds", default="0", metavar="LIST",
+                         help="seeds of every grid point: 0-7 or 0,3,5 (default 0)")
+    p_sweep.add_argument("--grid", action="append", metavar="NAME=V1,V2",
+                         help="a setting and its values (repeatable; every combination runs)")
+    p_sweep.add_argument("--algorithms", metavar="A,B",
+                         help="a grid over algorithms, e.g. fedavg,fesem")
+    p_sweep.add_argument("--data-seeds", metavar="LIST",
+                         help="also vary the dataset's seed (each its own group); default "
+                         "one dataset, the config's data seed")
+    p_sweep.add_argument("--members-per-chunk", type=int, metavar="N",
+                         help="most members per program (default: as many as fit in memory)")
+    p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
+    p_sweep.set_defaults(func=cmd_sweep)
+
     p_data = sub.add_parser("data", help="inspect a federated dataset")
     data_sub = p_data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     p_describe = data_sub.add_parser("describe", help="clients, samples and classes per client")
@@ -414,7 +495,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command in ("run", "demo", "bench", "select-k"):
+        if args.command in ("run", "sweep", "demo", "bench", "select-k"):
             setup_compile_cache(args)
         return args.func(args)
     except (McflError, ConfigError) as e:

@@ -1,5 +1,6 @@
 """`mcfl compare --runs DIR...`: accuracy against cumulative communication (FlexCFL Fig. 6) and
-a table of the runs, read back from their output folders."""
+a table of the runs, read back from their output folders. A sweep's folder (`mcfl sweep`)
+counts as one entry per grid point: its mean over seeds, with the standard deviation."""
 
 from __future__ import annotations
 
@@ -29,22 +30,79 @@ def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
     return summary, rounds
 
 
+def _numbers(row: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if v in ("", None):
+            continue
+        try:
+            out[k] = float(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise DataError(f"{path.parent} is not a complete sweep folder: {path.name} is missing")
+    with open(path) as f:
+        return [_numbers(row) for row in csv.DictReader(f)]
+
+
+def load_sweep(folder: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, float]]]]:
+    """A sweep folder's grid points as (summary, mean rounds) entries, like runs."""
+    try:
+        spec = json.loads((folder / "sweep.json").read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{folder / 'sweep.json'} is not valid JSON: {e}") from None
+    names = list(spec.get("grid", {}))
+    summary, rounds = _read_csv(folder / "summary.csv"), _read_csv(folder / "rounds.csv")
+    entries = {}
+    for row in summary:
+        point = [row.get(n) for n in names]
+        label = f"{folder.name}: " + (", ".join(f"{n}={_shown(v)}" for n, v in zip(names, point))
+                                      or "all") + f" (n={int(row.get('completed', 0))})"
+        curve: dict[float, list[tuple[float, float]]] = {}
+        for r in rounds:
+            if [r.get(n) for n in names] == point and "accuracy_micro" in r:
+                curve.setdefault(r["round"], []).append((r["comm_params_total"],
+                                                         r["accuracy_micro"]))
+        mean_rounds = [{"round": x, "comm_params_total": sum(c for c, _ in v) / len(v),
+                        "accuracy_micro": sum(a for _, a in v) / len(v)}
+                       for x, v in sorted(curve.items())]
+        entry = {"config": {"algorithm": row.get("algorithm", spec["config"]["algorithm"])},
+                 "rounds_completed": int(mean_rounds[-1]["round"]) if mean_rounds else 0,
+                 "comm_params_total": mean_rounds[-1]["comm_params_total"] if mean_rounds
+                 else None}
+        for key in ("final_accuracy_micro", "best_accuracy_micro", "final_accuracy_macro",
+                    "cluster_ari"):
+            entry[key] = row.get(f"{key}_mean")
+        entry["final_accuracy_micro_std"] = row.get("final_accuracy_micro_std")
+        entries[label] = (entry, mean_rounds)
+    return entries
+
+
+def _shown(value) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
 def label_of(folder: Path, summary: dict[str, Any]) -> str:
     return f"{folder.name} ({summary['config']['algorithm']})"
 
 
 def _number(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    return "-" if value is None or value != value else format(value, spec)
 
 
 def format_table(runs: dict[str, tuple[dict, list]]) -> str:
-    head = (f"{'run':<32} {'rounds':>6} {'acc micro':>9} {'best':>6} {'acc macro':>9} "
+    head = (f"{'run':<32} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} {'acc macro':>9} "
             f"{'ARI':>5} {'params sent':>12} {'s/round':>8}")
     lines = [head, "-" * len(head)]
     for label, (s, _) in runs.items():
         lines.append(
             f"{label[:32]:<32} {s.get('rounds_completed', 0):>6} "
             f"{_number(s.get('final_accuracy_micro'), '.4f'):>9} "
+            f"{_number(s.get('final_accuracy_micro_std'), '.4f'):>6} "
             f"{_number(s.get('best_accuracy_micro'), '.4f'):>6} "
             f"{_number(s.get('final_accuracy_macro'), '.4f'):>9} "
             f"{_number(s.get('cluster_ari'), '.2f'):>5} "
@@ -82,6 +140,9 @@ def compare(folders: list[Path], out: Path) -> str:
     """Load the runs, plot them to `out`, and return the table."""
     runs = {}
     for folder in folders:
+        if (folder / "sweep.json").is_file():
+            runs.update(load_sweep(folder))
+            continue
         summary, rounds = load_run(folder)
         runs[label_of(folder, summary)] = (summary, rounds)
     plot_accuracy_vs_communication(runs, out)

@@ -1,0 +1,238 @@
+"""`mcfl.sweep`: many seeds and hyperparameter values of one experiment, vmapped.
+
+``mcfl.sweep(config, seeds=8, grid={"lr": [0.01, 0.05], "mu": [0.0, 0.1]})`` runs every grid
+point with every seed. Members that differ only in their seed and in traced settings (floats
+no shape depends on) run as one compiled program over a member axis, sharing one copy of the
+data (`mcfl.sweeps.program`); the rest (algorithm, model, clients, K, ...) split the sweep into
+groups run one after another (`mcfl.sweeps.spec`). Results are tidy tables
+(`mcfl.sweeps.tables`): per member and round, per member, and per grid point as mean, std and
+95% interval over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+
+from mcfl import distributed
+from mcfl.config import RunConfig
+from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset
+from mcfl.errors import ConfigError, McflError
+from mcfl.runner import _client_mesh, plan_run
+from mcfl.sweeps import tables
+from mcfl.sweeps.program import (
+    GroupProgram,
+    MemberRun,
+    default_width,
+    member_mesh,
+    memory_budget,
+)
+from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
+
+__all__ = ["SweepResult", "sweep"]
+
+
+@dataclasses.dataclass
+class SweepResult:
+    """A sweep's tables (lists of dicts; `frames()` gives pandas DataFrames) and its spec."""
+
+    spec: dict[str, Any]
+    members: list[dict[str, Any]]
+    rounds: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    groups: list[dict[str, Any]]
+
+    @property
+    def point_names(self) -> list[str]:
+        return list(self.spec["grid"])
+
+    def frames(self) -> dict[str, Any]:
+        """{"members", "rounds", "summary"} as pandas DataFrames (needs pandas)."""
+        import pandas as pd
+
+        return {name: pd.DataFrame(getattr(self, name))
+                for name in ("members", "rounds", "summary")}
+
+    def write(self, out_dir) -> Path:
+        """members.csv, rounds.csv, summary.csv, sweep.json and curves.png in `out_dir`."""
+        return _write(Path(out_dir), self, final=True)
+
+
+def sweep(
+    config: RunConfig,
+    seeds: int | Sequence[int] | str = 1,
+    grid: Optional[Mapping[str, Sequence[Any]]] = None,
+    data_seeds: Optional[Sequence[int]] = None,
+    out_dir: Optional[str | Path] = None,
+    cache_dir: Optional[str | Path] = None,
+    members_per_chunk: Optional[int] = None,
+    member_width: Optional[int] | str = "auto",
+    progress: Optional[Callable[[int, int], None]] = None,
+    dataset: Optional[FederatedDataset] = None,
+) -> SweepResult:
+    """Run every combination of `grid` ({config key: [values]}, ``algorithm`` included) with
+    every seed (a list, a count n for 0..n-1, or text like "0-7"). One dataset is shared (the
+    config's data seed) unless `data_seeds` lists several, each its own group.
+
+    Members of a group run as one vmapped program, in chunks of at most `members_per_chunk`
+    (default: as many as fit in memory); `member_width` of them side by side (vmapped), the
+    rest one after another inside the same program ("auto": 1 on CPU, all on GPU / TPU, see
+    `mcfl.sweeps.program.default_width`; None: all). `progress(done, total)` counts
+    member-rounds. With `out_dir`, the tables are rewritten there after every chunk, so a
+    sweep that stops keeps the members it finished. Every member's rows equal ``mcfl.run`` of
+    its config (the member table's seed, data seed and grid values on `config`) to float
+    rounding.
+    """
+    if distributed.process_count() > 1:
+        raise ConfigError("a sweep runs in one process (over all its devices); start it "
+                          "without --coordinator")
+    seeds = parse_seeds(seeds)
+    grid = check_grid(grid)
+    if members_per_chunk is not None and (isinstance(members_per_chunk, bool) or not
+                                          isinstance(members_per_chunk, int)
+                                          or members_per_chunk < 1):
+        raise ConfigError(f"members_per_chunk must be an integer >= 1, got "
+                          f"{members_per_chunk!r}")
+    if member_width == "auto":
+        member_width = default_width()
+    elif member_width is not None and (isinstance(member_width, bool) or not
+                                       isinstance(member_width, int) or member_width < 1):
+        raise ConfigError(f"member_width must be 'auto', None or an integer >= 1, got "
+                          f"{member_width!r}")
+    if data_seeds is not None:
+        data_seeds = parse_seeds(list(data_seeds) if not isinstance(data_seeds, str)
+                                 else data_seeds)
+    members = expand(config, seeds, grid, data_seeds)
+    groups = group(members)
+    spec = {"config": config.to_dict(), "seeds": list(seeds), "grid":
+            {k: list(v) for k, v in grid.items()},
+            "data_seeds": None if data_seeds is None else list(data_seeds),
+            "members": len(members), "groups": len(groups)}
+    started = time.perf_counter()
+    total = len(members) * config.rounds
+    done = 0
+    runs: list[MemberRun] = []
+    group_info: list[dict[str, Any]] = []
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        _prepare(out)
+    result = SweepResult(spec, [], [], [], group_info)
+    datasets: dict[tuple, FederatedDataset] = {}
+    _client_mesh(config.devices)  # checks the device count
+    mesh = member_mesh(config.devices or len(jax.devices()))
+    status = "completed"
+    try:
+        for g, grp in enumerate(groups):
+            data = _dataset_for(grp, datasets, dataset, cache_dir)
+            plan = plan_run(grp.base, data)
+            program = GroupProgram(grp, plan, mesh, member_width)
+            size = program.fit(data.arrays, memory_budget(), members_per_chunk)
+            info = {"group": g, "members": len(grp.members), "traced": list(grp.traced),
+                    "members_per_chunk": size, "member_width": member_width,
+                    "compile_seconds": program.compile_seconds,
+                    "settings": _group_settings(grp)}
+            group_info.append(info)
+            if progress is not None:
+                progress(done, total)
+            t0 = time.perf_counter()
+            for start in range(0, len(grp.members), size):
+                chunk = list(grp.members[start:start + size])
+
+                def tick(count, chunk=chunk):
+                    nonlocal done
+                    done += count * len(chunk)
+                    if progress is not None:
+                        progress(done, total)
+
+                runs.extend(program.run_chunk(chunk, data, tick))
+                _fill(result, runs, started)
+                if out is not None:
+                    _write(out, result, final=False)
+            info["run_seconds"] = time.perf_counter() - t0
+    except BaseException as stop:
+        status = "interrupted" if isinstance(stop, KeyboardInterrupt) else "error"
+        raise
+    finally:
+        result.spec.update(status=status, wall_seconds=time.perf_counter() - started,
+                           backend=jax.default_backend(), devices=len(jax.devices()),
+                           jax_version=jax.__version__)
+        _fill(result, runs, started)
+        if out is not None:
+            _write(out, result, final=status == "completed")
+    return result
+
+
+def _dataset_for(grp: Group, built: dict, given: Optional[FederatedDataset],
+                 cache_dir) -> FederatedDataset:
+    """The group's dataset: built once per data config and data seed."""
+    config = grp.base
+    if given is not None:
+        if given.num_clients != config.clients:
+            raise ConfigError(f"the dataset passed has {given.num_clients} clients but the "
+                              f"sweep's config says clients={config.clients}")
+        return given
+    key = tuple((name, repr(getattr(config, name))) for name in DATA_FIELDS) + (
+        ("data_seed", config.data_seed),)
+    if key not in built:
+        built[key] = load_dataset(config, cache_dir)
+    return built[key]
+
+
+def _group_settings(grp: Group) -> dict[str, Any]:
+    """The settings every member of the group shares (those that differ: traced, seed)."""
+    values = grp.base.to_dict()
+    return {k: v for k, v in values.items() if k not in grp.traced and k != "seed"}
+
+
+def _fill(result: SweepResult, runs: list[MemberRun], started: float) -> None:
+    """Rebuild the tables from the members finished so far (in sweep order)."""
+    ordered = sorted(runs, key=lambda r: r.member.index)
+    names = result.point_names
+    result.members = [_member_row(r) for r in ordered]
+    result.rounds = [{"member": r.member.index, **dict(r.member.point), "seed": r.member.seed,
+                      "data_seed": r.member.data_seed, **row}
+                     for r in ordered for row in r.rows]
+    result.summary = tables.summary_rows(result.members, names)
+
+
+def _member_row(run: MemberRun) -> dict[str, Any]:
+    m: Member = run.member
+    return tables.member_row(m.index, m.point, m.seed, m.data_seed, run.status, run.rows)
+
+
+def _prepare(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".mcfl-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise McflError(f"cannot write the sweep's output folder {str(out)!r}: "
+                        f"{e.strerror or e}") from None
+
+
+def _write(out: Path, result: SweepResult, final: bool) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    tables.write_csv(out / "members.csv", result.members)
+    tables.write_csv(out / "rounds.csv", result.rounds)
+    tables.write_csv(out / "summary.csv", result.summary)
+    spec = {**result.spec, "groups_run": result.groups}
+    (out / "sweep.json").write_text(json.dumps(spec, indent=2, default=_json_default) + "\n")
+    if final:
+        completed = {m["member"] for m in result.members if m["status"] == "completed"}
+        tables.plot_bands([r for r in result.rounds if r["member"] in completed],
+                          result.point_names, out / "curves.png")
+    return out
+
+
+def _json_default(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return str(value)

@@ -1,0 +1,228 @@
+"""What a sweep runs: its members (grid point x data seed x seed) and how they group.
+
+A member is one run: the base config with one value of every grid parameter, one seed and one
+data seed. Members whose configs differ only in their seed and in *traced* settings (floats
+that no shape or Python branch depends on: learning rates, mu, FeSEM's lambda, eta_g, server
+lr, shift probability ...) form a group, which runs as one program vmapped over its members
+(`mcfl.sweeps.program`). Every other difference (algorithm, model, clients, K, local steps, a
+static float such as weight_decay, the data seed) starts a new group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
+
+from mcfl import settings
+from mcfl.config import SHARED_FIELDS, RunConfig, all_keys
+from mcfl.errors import ConfigError
+
+# Varied by `seeds=` / `data_seeds=`, not by the grid.
+SEED_KEYS = ("seed", "data_seed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    index: int  # position in the sweep
+    config: RunConfig  # the single run it equals
+    point: tuple[tuple[str, Any], ...]  # (grid parameter, value) pairs
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def data_seed(self) -> int:
+        return self.config.data_seed
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Members that share one compiled program; `traced` are the settings that vary among
+    them (each member's values are fed to the program as arrays)."""
+
+    members: tuple[Member, ...]
+    traced: tuple[str, ...]
+
+    @property
+    def base(self) -> RunConfig:
+        return self.members[0].config
+
+
+def data_fields() -> tuple[str, ...]:
+    from mcfl.data import DATA_FIELDS
+
+    return DATA_FIELDS
+
+
+def _setting_fields(config: RunConfig) -> dict[str, tuple[type, dataclasses.Field]]:
+    """Every setting of `config` by flat key, with the dataclass it belongs to."""
+    out = {name: (RunConfig, f) for name, f in SHARED_FIELDS.items()}
+    out.update({key: (type(config.params), f)
+                for key, f in settings.fields_of(type(config.params)).items()})
+    return out
+
+
+def traceable_keys(config: RunConfig) -> tuple[str, ...]:
+    """The settings of `config` a sweep may vary inside one program: floats not marked
+    ``static`` and not shaping the data."""
+    return tuple(key for key, (cls, f) in _setting_fields(config).items()
+                 if settings.type_of(cls, f) is float and not f.metadata.get("static")
+                 and key not in data_fields())
+
+
+def parse_seeds(seeds: int | Iterable[int] | str) -> tuple[int, ...]:
+    """Seeds as a list, a count (``8``: 0..7) or text (``"0-7"``, ``"0,3,5"``)."""
+    if isinstance(seeds, str):
+        out: list[int] = []
+        for part in (p.strip() for p in seeds.split(",")):
+            try:
+                if "-" in part[1:]:
+                    low, high = part.split("-", 1)
+                    out.extend(range(int(low), int(high) + 1))
+                else:
+                    out.append(int(part))
+            except ValueError:
+                raise ConfigError(f"seeds must look like 0-7 or 0,3,5, got {seeds!r}") from None
+        seeds = out
+    elif isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ConfigError(f"seeds as a count must be >= 1, got {seeds}")
+        seeds = range(seeds)
+    seeds = tuple(seeds)
+    if not seeds:
+        raise ConfigError("seeds is empty; give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds repeat a value: {list(seeds)}")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigError(f"seeds must be integers >= 0, got {s!r}")
+    return seeds
+
+
+def check_grid(grid: Optional[Mapping[str, Sequence[Any]]]) -> dict[str, tuple[Any, ...]]:
+    """The grid with every name a config key and every value list non-empty; the values
+    themselves are checked when the members' configs are built."""
+    grid = dict(grid or {})
+    allowed = [k for k in all_keys() if k not in SEED_KEYS]
+    for name, values in grid.items():
+        if name in SEED_KEYS:
+            raise ConfigError(f"{name} is varied by the sweep's {name}s argument "
+                              f"(--{name.replace('_', '-')}s), not by the grid")
+        if name not in allowed:
+            raise ConfigError(f"unknown sweep parameter {name!r}; allowed: {', '.join(allowed)}")
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ConfigError(f"grid {name} must be a list of values, got {values!r}")
+        if len(values) == 0:
+            raise ConfigError(f"grid {name} has no values; give at least one")
+        grid[name] = tuple(values)
+    return grid
+
+
+def expand(config: RunConfig, seeds: Sequence[int], grid: Mapping[str, Sequence[Any]],
+           data_seeds: Optional[Sequence[int]] = None) -> list[Member]:
+    """Every member: data seeds outermost, then the grid points (the grid's order), then the
+    seeds. Each member's config is built (and so validated) as its own run's would be."""
+    if data_seeds is None:
+        base_data_seed = config.data_seed if config.data_seed is not None else config.seed
+        data_seeds = (base_data_seed,)
+    names = list(grid)
+    members = []
+    for data_seed in data_seeds:
+        for values in itertools.product(*(grid[n] for n in names)):
+            point = tuple(zip(names, values))
+            changes = dict(point)
+            for seed in seeds:
+                try:
+                    member = config.replace(**changes, seed=seed, data_seed=data_seed)
+                except ConfigError as e:
+                    where = ", ".join(f"{k}={v!r}" for k, v in point) or "the base config"
+                    raise ConfigError(f"sweep point {where}: {e}") from None
+                members.append(Member(len(members), member, point))
+    return members
+
+
+def _group_key(config: RunConfig, traced: tuple[str, ...]) -> tuple:
+    values = config.to_dict()
+    return tuple((k, repr(v)) for k, v in sorted(values.items())
+                 if k not in traced and k != "seed")
+
+
+def group(members: Sequence[Member]) -> list[Group]:
+    """Members sharing everything but their seed and traceable settings, in sweep order."""
+    by_key: dict[tuple, list[Member]] = {}
+    for member in members:
+        key = _group_key(member.config, traceable_keys(member.config))
+        by_key.setdefault(key, []).append(member)
+    groups = []
+    for grouped in by_key.values():
+        keys = traceable_keys(grouped[0].config)
+        traced = tuple(k for k in keys
+                       if len({getattr(m.config, k) for m in grouped}) > 1)
+        groups.append(Group(tuple(grouped), traced))
+    return groups
+
+
+def _hint_of(key: str):
+    """The type hint of flat key `key` (a shared setting or some algorithm's)."""
+    from mcfl.algorithms import registry
+
+    if key in SHARED_FIELDS:
+        return settings.type_of(RunConfig, SHARED_FIELDS[key])
+    for owner in registry.owners_of_keys().get(key, []):
+        cls = registry.get(owner).params
+        return settings.type_of(cls, settings.fields_of(cls)[key])
+    raise ConfigError(f"unknown sweep parameter {key!r}; allowed: "
+                      f"{', '.join(k for k in all_keys() if k not in SEED_KEYS)}")
+
+
+def parse_grid(text: str) -> tuple[str, tuple[Any, ...]]:
+    """``"lr=0.01,0.05"`` -> ("lr", (0.01, 0.05)): values typed as the setting is (a list
+    of MLP widths separates values with ';': ``hidden=200,200;100``)."""
+    import typing
+
+    name, sep, rest = text.partition("=")
+    name = name.strip().replace("-", "_")
+    if not sep or not name:
+        raise ConfigError(f"--grid must look like NAME=V1,V2, got {text!r}")
+    if name == "algorithms":
+        name = "algorithm"
+    if name in SEED_KEYS:
+        raise ConfigError(f"{name} is varied by --{name.replace('_', '-')}s, not by --grid")
+    hint = _hint_of(name)
+    parts = rest.split(";") if ";" in rest or typing.get_origin(hint) is tuple else \
+        rest.split(",")
+    parts = [p.strip() for p in parts if p.strip()]
+    if not parts:
+        raise ConfigError(f"grid {name} has no values; give at least one, e.g. {name}=V1,V2")
+    return name, tuple(_typed(name, hint, p) for p in parts)
+
+
+def _typed(name: str, hint, text: str):
+    import typing
+
+    from mcfl.config import parse_hidden
+
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args and text.lower() == "none" and type(None) in typing.get_args(hint):
+        return None
+    if typing.get_origin(hint) is tuple:
+        return parse_hidden(text)
+    kinds = set(args) if args else {hint}
+    try:
+        if kinds == {int, float}:
+            return float(text) if any(c in text for c in ".eE") else int(text)
+        if float in kinds:
+            return float(text)
+        if int in kinds:
+            return int(text)
+    except ValueError:
+        what = "an integer" if kinds == {int} else "a number"
+        raise ConfigError(f"grid {name}: {text!r} is not {what}") from None
+    if bool in kinds:
+        if text.lower() not in ("true", "false"):
+            raise ConfigError(f"grid {name}: {text!r} is not true or false")
+        return text.lower() == "true"
+    return text

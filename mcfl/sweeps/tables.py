@@ -1,0 +1,139 @@
+"""A sweep's tidy tables and its plot.
+
+- rounds: one row per member and round (every column of a run's rounds.csv, plus the member's
+  index, grid point, seed and data seed);
+- members: one row per member with its final and best metrics (as a run's summary.json
+  defines them: "final" is the last evaluated round, "best" the highest over evaluated
+  rounds) and how it ended;
+- summary: one row per grid point over its seeds and data seeds: for each metric the mean, the
+  sample standard deviation (ddof 1) and the 95% confidence interval of the mean
+  (Student's t, n - 1 degrees of freedom); members that diverged are counted, not averaged.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mcfl.runner import EVAL_KEYS
+
+SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
+    "final_train_loss", "cluster_ari", "cluster_nmi")
+
+
+def member_row(index: int, point, seed: int, data_seed: int, status: str,
+               rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A member's line of members.csv."""
+    out: dict[str, Any] = {"member": index, **dict(point), "seed": seed,
+                           "data_seed": data_seed, "status": status,
+                           "rounds_completed": len(rows)}
+    evaluated = [r for r in rows if "accuracy_micro" in r]
+    for key in EVAL_KEYS:
+        values = [r[key] for r in evaluated]
+        out[f"final_{key}"] = values[-1] if values else None
+        out[f"best_{key}"] = max(values) if values else None
+    out["final_train_loss"] = rows[-1]["train_loss"] if rows else None
+    for key in ("cluster_ari", "cluster_nmi"):
+        values = [r[key] for r in evaluated if key in r]
+        if values:
+            out[key] = values[-1]
+    out["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
+    return out
+
+
+def mean_std_ci(values: Sequence[float]) -> tuple[float, float, float, float]:
+    """(mean, sample std, 95% interval low, high) of `values`; with one value the spread is
+    unknown (NaN)."""
+    x = np.asarray(values, np.float64)
+    mean = float(np.mean(x))
+    if len(x) < 2:
+        return mean, math.nan, math.nan, math.nan
+    from scipy import stats
+
+    std = float(np.std(x, ddof=1))
+    half = float(stats.t.ppf(0.975, len(x) - 1)) * std / math.sqrt(len(x))
+    return mean, std, mean - half, mean + half
+
+
+def summary_rows(members: Sequence[dict[str, Any]], point_names: Sequence[str]
+                 ) -> list[dict[str, Any]]:
+    """One row per grid point (in sweep order) over its seeds and data seeds."""
+    points: dict[tuple, list[dict]] = {}
+    for m in members:
+        points.setdefault(tuple(m.get(n) for n in point_names), []).append(m)
+    out = []
+    for point, group in points.items():
+        done = [m for m in group if m["status"] == "completed"]
+        row: dict[str, Any] = {**dict(zip(point_names, point)), "members": len(group),
+                               "completed": len(done),
+                               "seeds": " ".join(str(m["seed"]) for m in done),
+                               "data_seeds": " ".join(sorted({str(m["data_seed"])
+                                                              for m in done}))}
+        for metric in SUMMARY_METRICS:
+            values = [m[metric] for m in done if m.get(metric) is not None]
+            if not values:
+                continue
+            mean, std, low, high = mean_std_ci(values)
+            row.update({f"{metric}_mean": mean, f"{metric}_std": std,
+                        f"{metric}_ci95_low": low, f"{metric}_ci95_high": high})
+        out.append(row)
+    return out
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """`rows` as CSV; the columns are every key, in order of first appearance."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+    tmp.replace(path)  # a reader never sees half a table
+    return path
+
+
+def point_label(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items()) or "all members"
+
+
+def plot_bands(rounds: Sequence[dict[str, Any]], point_names: Sequence[str], path: Path,
+               metric: str = "accuracy_micro") -> Path:
+    """Mean `metric` against the round for every grid point, with a band of +/- one standard
+    deviation over the members whose `rounds` rows are given (their evaluated rounds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[tuple, dict[int, list[float]]] = {}
+    for row in rounds:
+        if metric in row:
+            point = tuple(row.get(n) for n in point_names)
+            curves.setdefault(point, {}).setdefault(int(row["round"]), []).append(row[metric])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for point, by_round in curves.items():
+        xs = sorted(by_round)
+        values = [np.asarray(by_round[x]) for x in xs]
+        mean = np.array([v.mean() for v in values])
+        std = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in values])
+        counts = {len(v) for v in values}
+        label = f"{point_label(dict(zip(point_names, point)))} (n={max(counts)})"
+        (line,) = ax.plot(xs, mean, label=label)
+        ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="round", ylabel=f"test {metric.replace('_', ' ')}",
+           title="mean over seeds, band: +/- 1 std")
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
