@@ -1,16 +1,12 @@
 """Checks every registered algorithm passes, looped over the registry, so that a new algorithm
 is checked without new test code: its round compiles once, `scan_rounds` equals round by round,
 its metrics and models are well formed, 1 and 4 devices agree, it runs under every
-distribution shift, and bad hyperparameters are config errors."""
+distribution shift, and bad hyperparameters are config errors. The device and shift runs take
+a process of their own (tests/conformance_background.py), started with the session."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import chex
 import jax
@@ -24,37 +20,12 @@ from mcfl import settings
 from mcfl.algorithms import get, names
 from mcfl.algorithms.base import scan_rounds
 from mcfl.errors import ConfigError
-from mcfl.shift import with_shift
 
-HERE = Path(__file__).parent
 REQUIRED_METRICS = {"train_loss", "discrepancy", "local_steps", "models_down", "models_up"}
 
 
 @pytest.fixture(scope="module")
-def devices_run():
-    """The 1 vs 4 devices runs, started at once in a subprocess (compilation is mostly one
-    core's work, so it overlaps with the tests below) and collected when first needed."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "conformance_devices.py")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = {}
-
-    def get_results():
-        if not results:
-            out, err = proc.communicate(timeout=900)
-            assert proc.returncode == 0, err[-3000:]
-            results.update(json.loads(out))
-        return results
-
-    yield get_results
-    if proc.returncode is None:
-        proc.kill()
-        proc.communicate()
-
-
-@pytest.fixture(scope="module")
-def data(devices_run):  # the device subprocess starts first
+def data():
     return planted_data()
 
 
@@ -108,18 +79,6 @@ def test_metrics_models_and_assignments_are_well_formed(name, data):
         assert assigned.min() >= -1 and assigned.max() < SETTINGS["clusters"]  # -1: ungrouped
 
 
-@pytest.mark.parametrize("name", names())
-def test_runs_under_every_distribution_shift(name, data):
-    algorithm = build_small(name)
-    for kind in ("swap_all", "swap_part", "incremental"):
-        shifted = with_shift(algorithm, kind, prob=1.0, interval=1)
-        state = jax.jit(shifted.init)(data.arrays, jax.random.key(1))
-        state, stacked = jax.jit(scan_rounds, static_argnums=(0, 5))(
-            shifted, state, data.arrays, jax.random.key(2), 1, 2)
-        assert np.all(np.isfinite(stacked["train_loss"])), kind
-        assert np.sum(np.asarray(stacked["shifted_rows"])) > 0, kind  # the data really moved
-
-
 def _bad_values(cls, field) -> list:
     """Values of the wrong type, non-finite or outside the allowed range for `field`."""
     hint = settings.type_of(cls, field)
@@ -148,9 +107,20 @@ def test_bad_hyperparameters_are_config_errors(name):
 
 
 @pytest.mark.parametrize("name", names())
-def test_one_and_four_devices_agree(name, devices_run):
-    results = devices_run()
-    one, four = results[f"{name}/1"], results[f"{name}/4"]
+def test_runs_under_every_distribution_shift(name, conformance_background):
+    """2 rounds of swap_all, swap_part and incremental shifts (tests/conformance_background.py,
+    run in the background): finite losses, and the data really moved."""
+    results = conformance_background()
+    for kind in ("swap_all", "swap_part", "incremental"):
+        run = results[f"{name}/shift/{kind}"]
+        assert np.all(np.isfinite(run["losses"])), kind
+        assert np.sum(run["shifted_rows"]) > 0, kind
+
+
+@pytest.mark.parametrize("name", names())
+def test_one_and_four_devices_agree(name, conformance_background):
+    results = conformance_background()
+    one, four = results[f"{name}/devices/1"], results[f"{name}/devices/4"]
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4, atol=1e-6)
     for a, b in zip(four["leaves"], one["leaves"]):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
