@@ -29,6 +29,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
+SCORES = ("mcfl", "paper")
 
 
 def _registry():
@@ -103,6 +104,9 @@ class RunConfig:
     shift_interval: int = setting(50, "incremental: rounds between releases of 25% more "
                                   "training data", minimum=1)
     eval_every: int = setting(1, "evaluate every N rounds (and after the last)", minimum=1)
+    score: str = setting("mcfl", "the 'best' accuracy printed and compared: mcfl (the best "
+                         "evaluated round) | paper (FlexCFL's rule: only rounds with every "
+                         "client in a group count); summary.json has both", choices=SCORES)
     scan_rounds: bool = setting(False, "run the rounds between evaluations as one lax.scan on "
                                 "the device, with no host round-trip per round (per-round "
                                 "rows arrive at each evaluation)")

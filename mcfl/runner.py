@@ -34,6 +34,7 @@ from mcfl.models import count_params, make_model
 from mcfl.sampling import resolve_clients_per_round
 
 EVAL_KEYS = ("accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro")
+PAPER_SCORE = "paper_best_accuracy_micro"
 
 
 @dataclasses.dataclass
@@ -209,7 +210,7 @@ def _run(
     chunks = round_chunks(config.rounds, config.eval_every, config.scan_rounds)
     later = ()
     if algorithm.assignments is not None:  # cluster metrics arrive with evaluated rounds
-        later = ("cluster_sizes",) + (("cluster_ari", "cluster_nmi")
+        later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
                                       if dataset.true_cluster is not None else ())
     for observer in observers:
         observer.started(config, later)
@@ -431,6 +432,7 @@ def _summary(
         values = [row[key] for row in evaluated]
         summary[f"final_{key}"] = values[-1] if values else None
         summary[f"best_{key}"] = max(values) if values else None
+    summary[PAPER_SCORE] = paper_score(evaluated)
     summary["final_train_loss"] = rows[-1]["train_loss"] if rows else None
     summary["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
@@ -443,6 +445,16 @@ def _summary(
     summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
     summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
     return summary
+
+
+def paper_score(evaluated: list[dict[str, Any]]) -> Optional[float]:
+    """FlexCFL's score (Duan et al., Sec. 5.1): the best micro accuracy over the evaluated
+    rounds at which every client is in a group (`clients_waiting` 0; algorithms without
+    groups to join have every client in from round 1); None before that ever happens. Each
+    client is scored with its group's current model, so a group is tested on its members."""
+    scored = [row["accuracy_micro"] for row in evaluated
+              if "accuracy_micro" in row and row.get("clients_waiting", 0) == 0]
+    return max(scored) if scored else None
 
 
 def add_communication(row: dict[str, Any], num_params: int, total_before: int) -> int:
@@ -459,7 +471,8 @@ def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) 
     """Cluster sizes (as text for the CSV) and, where the data has planted clusters, the
     adjusted Rand index and normalised mutual information against them (scikit-learn)."""
     sizes = np.bincount(assignment[assignment >= 0])  # -1: not yet in a cluster (FedGroup)
-    out: dict[str, Any] = {"cluster_sizes": " ".join(str(int(n)) for n in sizes[sizes > 0])}
+    out: dict[str, Any] = {"cluster_sizes": " ".join(str(int(n)) for n in sizes[sizes > 0]),
+                           "clients_waiting": int(np.sum(assignment < 0))}
     if true_cluster is not None:
         from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 

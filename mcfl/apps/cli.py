@@ -1,5 +1,5 @@
-"""The `mcfl` command line: `mcfl run`, `mcfl sweep`, `mcfl data`, `mcfl compare`, `mcfl plot`,
-`mcfl select-k`, `mcfl demo`, `mcfl bench`.
+"""The `mcfl` command line: `mcfl run`, `mcfl sweep`, `mcfl reproduce`, `mcfl data`,
+`mcfl compare`, `mcfl plot`, `mcfl select-k`, `mcfl demo`, `mcfl bench`.
 
 Every setting of `RunConfig` and every hyperparameter of a registered algorithm is a flag
 (``local_epochs`` -> ``--local-epochs``, ``fesem_lambda`` -> ``--fesem-lambda``), with its help
@@ -179,9 +179,13 @@ def cmd_run(args) -> int:
     finally:
         bar.close()
     s = result.summary
+    paper = s["paper_best_accuracy_micro"]
+    best = (f"best {s['best_accuracy_micro']:.4f}" if config.score == "mcfl" else
+            "paper score " + ("- (some client never joined a group)" if paper is None
+                              else f"{paper:.4f}"))
     print(
         f"{config.algorithm}: accuracy micro {s['final_accuracy_micro']:.4f} "
-        f"(best {s['best_accuracy_micro']:.4f}), macro {s['final_accuracy_macro']:.4f}, "
+        f"({best}), macro {s['final_accuracy_macro']:.4f}, "
         f"f1 micro {s['final_f1_micro']:.4f}; {s['seconds_per_round']:.3f} s/round; "
         f"results in {out}/"
     )
@@ -247,6 +251,31 @@ def format_sweep_summary(result) -> str:
             "" if std is None or std != std else f" +/- {std:.4f}")
         lines.append(f"{label:<40} accuracy micro {shown}  (n={row['completed']})")
     return "\n".join(lines)
+
+
+def cmd_reproduce(args) -> int:
+    from mcfl import reproduce
+
+    if args.list:
+        for table in reproduce.TABLES.values():
+            print(f"{table.name}\n    {table.title}\n    full ({table.seeds} seeds): "
+                  f"{table.cost}\n    --quick ({table.quick_note}): {table.quick_cost}")
+        return 0
+    if args.name is None:
+        raise ConfigError("name a table to reproduce; allowed: "
+                          + ", ".join(reproduce.names()) + " (mcfl reproduce --list)")
+    reproduce.get(args.name)
+    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (
+        args.name + ("-quick" if args.quick else ""))
+
+    def show(label, i, count):
+        print(f"[{i + 1}/{count}] {label}", flush=True)
+
+    reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
+                        cache_dir=cache_dir_from_args(args), progress=show)
+    print((out / "table.md").read_text())
+    print(f"table.md, table.csv, table.png and each cell's sweep folder: {out}/")
+    return 0
 
 
 def cmd_data_describe(args) -> int:
@@ -431,6 +460,23 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
     p_sweep.set_defaults(func=cmd_sweep)
 
+    p_reproduce = sub.add_parser(
+        "reproduce", help="a paper's table: every cell over seeds, beside the paper's values")
+    p_reproduce.add_argument("name", nargs="?", metavar="NAME",
+                             help="the table (mcfl reproduce --list)")
+    p_reproduce.add_argument("--list", action="store_true",
+                             help="the tables, with their expected cost")
+    p_reproduce.add_argument("--quick", action="store_true",
+                             help="the reduced form (minutes on a 2-core CPU; --list says "
+                             "what it reduces)")
+    p_reproduce.add_argument("--seeds", type=int, metavar="N",
+                             help="seeds per cell (default: 3 full, the table's for --quick)")
+    p_reproduce.add_argument("--out", metavar="DIR",
+                             help="default runs/reproduce/NAME[-quick]")
+    add_cache_flags(p_reproduce)
+    add_compile_cache_flag(p_reproduce)
+    p_reproduce.set_defaults(func=cmd_reproduce)
+
     p_data = sub.add_parser("data", help="inspect a federated dataset")
     data_sub = p_data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     p_describe = data_sub.add_parser("describe", help="clients, samples and classes per client")
@@ -495,7 +541,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command in ("run", "sweep", "demo", "bench", "select-k"):
+        if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
             setup_compile_cache(args)
         return args.func(args)
     except (McflError, ConfigError) as e:

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from mcfl.runner import EVAL_KEYS
+from mcfl.runner import EVAL_KEYS, PAPER_SCORE, paper_score
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
-    "final_train_loss", "cluster_ari", "cluster_nmi")
+    PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi")
 
 
 def member_row(index: int, point, seed: int, data_seed: int, status: str,
@@ -37,6 +37,7 @@ def member_row(index: int, point, seed: int, data_seed: int, status: str,
         values = [r[key] for r in evaluated]
         out[f"final_{key}"] = values[-1] if values else None
         out[f"best_{key}"] = max(values) if values else None
+    out[PAPER_SCORE] = paper_score(evaluated)
     out["final_train_loss"] = rows[-1]["train_loss"] if rows else None
     for key in ("cluster_ari", "cluster_nmi"):
         values = [r[key] for r in evaluated if key in r]
