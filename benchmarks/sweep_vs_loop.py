@@ -57,7 +57,7 @@ else:
     setup_compile_cache(args)
     base = config_from_args(args)
     for i, changes in enumerate(loop):
-        mcfl.run(base.replace(**changes), out_dir=f"{args.out}/member{i}")
+        mcfl.run(base.replace(**changes), out_dir=f"{args.out}/member{i}", overwrite=True)
     code = 0
 print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 sys.exit(code)
@@ -90,9 +90,11 @@ def main() -> None:
     for name in names:
         w = WORKLOADS[name]
         base = COMMON + w["run"] + extra
-        row = {"run": timed(["run", *base, "--out", str(out / name / "run")], None, env),
-               "sweep": timed(["sweep", *base, *w["sweep"], "--out", str(out / name / "sweep")],
-                              None, env)}
+        again = ["--overwrite"]  # a rerun replaces the last one's folders
+        row = {"run": timed(["run", *base, *again, "--out", str(out / name / "run")], None,
+                            env),
+               "sweep": timed(["sweep", *base, *w["sweep"], *again, "--out",
+                               str(out / name / "sweep")], None, env)}
         if w["loop"] is not None:
             row["loop"] = timed(["run", *base, "--out", str(out / name / "loop")], w["loop"],
                                 env)

@@ -97,9 +97,11 @@ def run(
     cache_dir: Optional[str | Path] = None,
     profile_dir: Optional[str | Path] = None,
     observers: tuple[RunObserver, ...] = (),
+    overwrite: bool = False,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
-    `mcfl.apps.output.RunFolder`).
+    `mcfl.apps.output.RunFolder`). A folder already holding a run is refused (`McflError`,
+    before anything runs) unless `overwrite`, which deletes that run's files first.
 
     `progress(round, row)` is called after every round with that round's metrics; `observers`
     hear about every round and the end (`RunObserver`). A prepared
@@ -110,6 +112,10 @@ def run(
     for TensorBoard or Perfetto.
     """
     mesh = _client_mesh(config.devices)
+    if out_dir is not None and distributed.is_leader():
+        from mcfl.apps.output import prepare_folder
+
+        prepare_folder(Path(out_dir), overwrite)
     started = time.perf_counter()
     # Built outside the mesh: each process builds the same data from the config and seed
     # as plain (single-device) arrays; the rounds use them as replicated inputs.

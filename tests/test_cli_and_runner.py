@@ -283,3 +283,48 @@ def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeyp
     assert "training diverged in round 3" in capsys.readouterr().err
     assert [int(r["round"]) for r in _csv(out / "rounds.csv")] == [1, 2]
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["run", "--clients", "12", "--rounds", "1", "--clients-per-round", "4", "--no-cache",
+            "--no-compile-cache", "--out", str(out)]
+    assert main(argv) == 0
+    before = (out / "summary.json").read_text()
+    capsys.readouterr()
+    assert main(argv + ["--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (summary.json, rounds.csv, clients.csv, curves.png); pass " \
+        "--overwrite to replace it" in err and err.count("\n") == 1
+    assert (out / "summary.json").read_text() == before  # nothing lost
+    (out / "notes.txt").write_text("mine")
+    assert main(argv + ["--seed", "1", "--overwrite"]) == 0
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 1
+    assert (out / "notes.txt").read_text() == "mine"  # only mcfl's files are replaced
+    (tmp_path / "file").write_text("x")
+    assert main(argv[:-1] + [str(tmp_path / "file")]) == 2
+    assert "is a file; choose another --out" in capsys.readouterr().err
+
+
+def test_sigterm_keeps_the_rounds_and_writes_the_summary(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcfl.apps.cli", "run", "--clients", "40", "--rounds", "100000",
+         "--clients-per-round", "4", "--no-cache", "--no-compile-cache", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for a few rounds on disk
+        rounds = out / "rounds.csv"
+        if rounds.is_file() and len(rounds.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    rows = (out / "rounds.csv").read_text().splitlines()
+    assert summary["rounds_completed"] == len(rows) - 1 >= 3

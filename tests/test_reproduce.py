@@ -49,13 +49,13 @@ def test_every_table_and_cell_is_a_valid_config():
 
 def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):
     out = tmp_path / "t3"
+    cells = ["FedAvg", "FedProx (mu 1)", "FlexCFL"]
     found = reproduce.run_table(
-        "flexcfl-table3-synthetic", out, quick=True, seeds=2,
+        "flexcfl-table3-synthetic", out, quick=True, seeds=2, cells=cells,
         overrides={"clients": 40, "rounds": 2, "local_epochs": 1, "clusters": 2,
                    "eval_every": 1})  # the cold start takes pretrain_scale 20 x K = 40
     rows = found["rows"]
-    assert [r["cell"] for r in rows] == [c.label for c in reproduce.get(
-        "flexcfl-table3-synthetic").cells]
+    assert [r["cell"] for r in rows] == cells
     for r in rows:
         if r["mcfl_mean"] is not None:
             assert len(r["per_seed"]) == r["seeds_scored"] <= 2
@@ -71,6 +71,10 @@ def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):
     spec = json.loads((out / "reproduce.json").read_text())
     assert spec["status"] == "completed" and spec["seeds"] == [2077, 2078]
     assert (out / "cells" / "fedavg" / "members.csv").is_file()
+    with pytest.raises(ConfigError, match="unknown cell 'FedMagic'; allowed: FedAvg"):
+        reproduce.run_table("flexcfl-table3-synthetic", tmp_path / "x", cells=["FedMagic"])
+    with pytest.raises(Exception, match="already holds a run"):
+        reproduce.run_table("flexcfl-table3-synthetic", out, cells=["FedAvg"])
 
 
 def test_cli_list_and_bad_names(capsys):

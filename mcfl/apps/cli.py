@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import typing
 from pathlib import Path
 from typing import Any, Optional
@@ -172,10 +174,13 @@ def cmd_run(args) -> int:
     if not distributed.is_leader():  # process 0 of a multi-process run reports and writes
         run(config, out_dir=None, cache_dir=cache_dir_from_args(args))
         return 0
+    from mcfl.apps.output import prepare_folder
+
+    prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
     bar, update = _progress_bar(config.rounds, config.algorithm)
     try:
         result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args),
-                     profile_dir=args.profile)
+                     profile_dir=args.profile, overwrite=args.overwrite)
     finally:
         bar.close()
     s = result.summary
@@ -221,7 +226,8 @@ def cmd_sweep(args) -> int:
         result = sweep(config, seeds=args.seeds, grid=grid,
                        data_seeds=args.data_seeds, out_dir=out,
                        cache_dir=cache_dir_from_args(args),
-                       members_per_chunk=args.members_per_chunk, progress=update)
+                       members_per_chunk=args.members_per_chunk, progress=update,
+                       overwrite=args.overwrite)
     finally:
         for bar in bars:
             bar.close()
@@ -271,8 +277,10 @@ def cmd_reproduce(args) -> int:
     def show(label, i, count):
         print(f"[{i + 1}/{count}] {label}", flush=True)
 
+    cells = None if args.cells is None else [c.strip() for c in args.cells.split(",")]
     reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
-                        cache_dir=cache_dir_from_args(args), progress=show)
+                        cache_dir=cache_dir_from_args(args), progress=show,
+                        overwrite=args.overwrite, cells=cells)
     print((out / "table.md").read_text())
     print(f"table.md, table.csv, table.png and each cell's sweep folder: {out}/")
     return 0
@@ -429,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flags(p_run)
     add_compile_cache_flag(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
+    p_run.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out (default: refuse)")
     p_run.add_argument("--coordinator", metavar="HOST:PORT",
                        help="multi-process run: the address of process 0 (see README)")
     p_run.add_argument("--num-processes", type=int, metavar="N",
@@ -458,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--members-per-chunk", type=int, metavar="N",
                          help="most members per program (default: as many as fit in memory)")
     p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
+    p_sweep.add_argument("--overwrite", action="store_true",
+                         help="replace the sweep already in --out (default: refuse)")
     p_sweep.set_defaults(func=cmd_sweep)
 
     p_reproduce = sub.add_parser(
@@ -473,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
                              help="seeds per cell (default: 3 full, the table's for --quick)")
     p_reproduce.add_argument("--out", metavar="DIR",
                              help="default runs/reproduce/NAME[-quick]")
+    p_reproduce.add_argument("--cells", metavar="A,B",
+                             help="only these cells (their labels in table.md, e.g. "
+                             "FedAvg,IFCA)")
+    p_reproduce.add_argument("--overwrite", action="store_true",
+                             help="replace the table already in --out (default: refuse)")
     add_cache_flags(p_reproduce)
     add_compile_cache_flag(p_reproduce)
     p_reproduce.set_defaults(func=cmd_reproduce)
@@ -537,9 +554,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM stops a run the way Ctrl-C does: the rounds so far are kept and summary.json
+    records the stop (status "interrupted")."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
             setup_compile_cache(args)

@@ -71,8 +71,9 @@ def run_demo(out: Path, rounds: Optional[int] = None, clients: Optional[int] = N
                         bar.set_postfix(acc=f"{row['accuracy_micro']:.3f}", refresh=False)
                     bar.update(1)
 
-                result = run(config, out_dir=out / exp.name / name, progress=progress,
-                             dataset=dataset)
+                # the demo's own folders: a new demo replaces the last one's runs
+                result = run(config, out_dir=out / exp.name / name, overwrite=True,
+                             progress=progress, dataset=dataset)
             summaries[name], curves[name] = result.summary, result.rounds
         plot_runs(out / f"{exp.name}.png", curves, title=exp.title)
         print(format_table(summaries))

@@ -19,6 +19,36 @@ def _json_safe(value):
     return value
 
 
+# The files a run folder may hold (all of them mcfl's own).
+RUN_FILES = ("summary.json", "rounds.csv", "clients.csv", "curves.png", "assignments.npz",
+             "clients_pca.npz")
+
+
+def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
+                   flag: str = "--overwrite") -> None:
+    """Make `out_dir` ready for a new run before anything runs: a folder holding another
+    run's files is refused unless `overwrite`, which deletes those files (and nothing else);
+    a path that is a file, or a folder that cannot be written, is an error naming it."""
+    from mcfl.errors import McflError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
+    held = [name for name in files if (out_dir / name).exists()]
+    if held and not overwrite:
+        raise McflError(f"{str(out_dir)!r} already holds a run ({', '.join(held)}); pass "
+                        f"{flag} to replace it, or choose another --out")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in held:
+            (out_dir / name).unlink()
+        probe = out_dir / ".mcfl-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise McflError(f"cannot write the output folder {str(out_dir)!r}: "
+                        f"{e.strerror or e}") from None
+
+
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")

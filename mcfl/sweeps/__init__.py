@@ -24,7 +24,7 @@ import jax
 from mcfl import distributed
 from mcfl.config import RunConfig
 from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset
-from mcfl.errors import ConfigError, McflError
+from mcfl.errors import ConfigError
 from mcfl.runner import _client_mesh, plan_run
 from mcfl.sweeps import tables
 from mcfl.sweeps.program import (
@@ -76,6 +76,7 @@ def sweep(
     member_width: Optional[int] | str = "auto",
     progress: Optional[Callable[[int, int], None]] = None,
     dataset: Optional[FederatedDataset] = None,
+    overwrite: bool = False,
 ) -> SweepResult:
     """Run every combination of `grid` ({config key: [values]}, ``algorithm`` included) with
     every seed (a list, a count n for 0..n-1, or text like "0-7"). One dataset is shared (the
@@ -86,9 +87,10 @@ def sweep(
     rest one after another inside the same program ("auto": 1 on CPU, all on GPU / TPU, see
     `mcfl.sweeps.program.default_width`; None: all). `progress(done, total)` counts
     member-rounds. With `out_dir`, the tables are rewritten there after every chunk, so a
-    sweep that stops keeps the members it finished. Every member's rows equal ``mcfl.run`` of
-    its config (the member table's seed, data seed and grid values on `config`) to float
-    rounding.
+    sweep that stops keeps the members it finished; a folder already holding a sweep is
+    refused unless `overwrite` (which deletes its files first). Every member's rows equal
+    ``mcfl.run`` of its config (the member table's seed, data seed and grid values on
+    `config`) to float rounding.
     """
     if distributed.process_count() > 1:
         raise ConfigError("a sweep runs in one process (over all its devices); start it "
@@ -122,7 +124,9 @@ def sweep(
     group_info: list[dict[str, Any]] = []
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        _prepare(out)
+        from mcfl.apps.output import prepare_folder
+
+        prepare_folder(out, overwrite, SWEEP_FILES)
     result = SweepResult(spec, [], [], [], group_info)
     datasets: dict[tuple, FederatedDataset] = {}
     _client_mesh(config.devices)  # checks the device count
@@ -207,15 +211,7 @@ def _member_row(run: MemberRun) -> dict[str, Any]:
     return tables.member_row(m.index, m.point, m.seed, m.data_seed, run.status, run.rows)
 
 
-def _prepare(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".mcfl-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise McflError(f"cannot write the sweep's output folder {str(out)!r}: "
-                        f"{e.strerror or e}") from None
+SWEEP_FILES = ("sweep.json", "members.csv", "rounds.csv", "summary.csv", "curves.png")
 
 
 def _write(out: Path, result: SweepResult, final: bool) -> Path:
