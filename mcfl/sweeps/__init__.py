@@ -82,7 +82,7 @@ def sweep(
     every seed (a list, a count n for 0..n-1, or text like "0-7"). One dataset is shared (the
     config's data seed) unless `data_seeds` lists several, each its own group.
 
-    Members of a group run as one vmapped program, in chunks of at most `members_per_chunk`
+    Members of a group run as one compiled program, in chunks of at most `members_per_chunk`
     (default: as many as fit in memory); `member_width` of them side by side (vmapped), the
     rest one after another inside the same program ("auto": 1 on CPU, all on GPU / TPU, see
     `mcfl.sweeps.program.default_width`; None: all). `progress(done, total)` counts
@@ -118,7 +118,7 @@ def sweep(
             "data_seeds": None if data_seeds is None else list(data_seeds),
             "members": len(members), "groups": len(groups)}
     started = time.perf_counter()
-    total = len(members) * config.rounds
+    total = sum(m.config.rounds for m in members)  # member-rounds (rounds may be on the grid)
     done = 0
     runs: list[MemberRun] = []
     group_info: list[dict[str, Any]] = []
@@ -151,12 +151,12 @@ def sweep(
 
                 def tick(count, chunk=chunk):
                     nonlocal done
-                    done += count * len(chunk)
+                    done += count * len(chunk)  # a chunk's members share their rounds
                     if progress is not None:
                         progress(done, total)
 
                 runs.extend(program.run_chunk(chunk, data, tick))
-                _fill(result, runs, started)
+                _fill(result, runs)
                 if out is not None:
                     _write(out, result, final=False)
             info["run_seconds"] = time.perf_counter() - t0
@@ -167,7 +167,7 @@ def sweep(
         result.spec.update(status=status, wall_seconds=time.perf_counter() - started,
                            backend=jax.default_backend(), devices=len(jax.devices()),
                            jax_version=jax.__version__)
-        _fill(result, runs, started)
+        _fill(result, runs)
         if out is not None:
             _write(out, result, final=status == "completed")
     return result
@@ -195,7 +195,7 @@ def _group_settings(grp: Group) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in grp.traced and k != "seed"}
 
 
-def _fill(result: SweepResult, runs: list[MemberRun], started: float) -> None:
+def _fill(result: SweepResult, runs: list[MemberRun]) -> None:
     """Rebuild the tables from the members finished so far (in sweep order)."""
     ordered = sorted(runs, key=lambda r: r.member.index)
     names = result.point_names
