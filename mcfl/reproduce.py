@@ -185,23 +185,25 @@ def run_table(name: str, out_dir: Path, quick: bool = False, seeds: Optional[int
 
 
 def _table_row(cell: Cell, result, seconds) -> dict:
-    members = result.members
-    done = [m for m in members if m["status"] == "completed"]
-    scores = [100 * m[SCORE] for m in done if m.get(SCORE) is not None]
-    mcfl_best = [100 * m["best_accuracy_micro"] for m in done
-                 if m.get("best_accuracy_micro") is not None]
-    mean = sum(scores) / len(scores) if scores else None
-    std = (math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
-           if len(scores) > 1 else None)
-    changes = dict(cell.changes)  # the cell's own settings; the rest is the base's
-    aris = [m["cluster_ari"] for m in done if m.get("cluster_ari") is not None]
-    return {"cell": cell.label, "paper": cell.paper, "mcfl_mean": mean, "mcfl_std": std,
+    """The cell's line: its sweep's summary over seeds (one grid point), in percent."""
+    point = result.summary[0] if result.summary else {}
+
+    def percent(key, scale=100.0):  # None where the summary has no (finite) value
+        value = point.get(key)
+        return None if value is None or math.isnan(value) else scale * value
+
+    mean = percent(f"{SCORE}_mean")
+    scores = [100 * m[SCORE] for m in result.members
+              if m["status"] == "completed" and m.get(SCORE) is not None]
+    return {"cell": cell.label, "paper": cell.paper, "mcfl_mean": mean,
+            "mcfl_std": percent(f"{SCORE}_std"),
             "difference": None if mean is None or cell.paper is None else mean - cell.paper,
-            "seeds_scored": len(scores), "members": len(members),
+            "seeds_scored": len(scores), "members": len(result.members),
             "per_seed": [round(s, 2) for s in scores],
-            "mcfl_best_mean": sum(mcfl_best) / len(mcfl_best) if mcfl_best else None,
-            "cluster_ari_mean": sum(aris) / len(aris) if aris else None,
-            "settings": changes, "seconds": round(seconds, 1)}
+            "mcfl_best_mean": percent("best_accuracy_micro_mean"),
+            "cluster_ari_mean": percent("cluster_ari_mean", scale=1.0),
+            "settings": dict(cell.changes),  # the cell's own settings; the rest is the base's
+            "seconds": round(seconds, 1)}
 
 
 def _fmt(value, spec=".1f") -> str:
@@ -263,6 +265,8 @@ def _plot(path: Path, table: Table, rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from mcfl.apps.output import save_figure
+
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
     paper = [np.nan if r["paper"] is None else r["paper"] for r in rows]
@@ -274,6 +278,4 @@ def _plot(path: Path, table: Table, rows: list[dict]) -> None:
     ax.set(ylabel="accuracy (%)", title=table.title[:80])
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -415,7 +415,6 @@ def _evaluation_counts(algorithm, apply_fn, block_size, state, data):
 def _summary(
     config, dataset, rows, round_seconds, started, params_count, per_round, block_size, status
 ) -> dict[str, Any]:
-    evaluated = [row for row in rows if "accuracy_micro" in row]
     summary: dict[str, Any] = {
         "status": status,
         "config": config.to_dict(),
@@ -434,13 +433,7 @@ def _summary(
         "device": str(jax.devices()[0].device_kind),
         "jax_version": jax.__version__,
     }
-    for key in EVAL_KEYS:
-        values = [row[key] for row in evaluated]
-        summary[f"final_{key}"] = values[-1] if values else None
-        summary[f"best_{key}"] = max(values) if values else None
-    summary[PAPER_SCORE] = paper_score(evaluated)
-    summary["final_train_loss"] = rows[-1]["train_loss"] if rows else None
-    summary["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
+    summary.update(outcome(rows))
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
         if rows and key in rows[-1]:
             summary[key] = rows[-1][key]
@@ -451,6 +444,22 @@ def _summary(
     summary["first_round_seconds"] = round_seconds[0] if round_seconds else None
     summary["seconds_per_round"] = float(np.mean(steady)) if steady else None
     return summary
+
+
+def outcome(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a run's rows come to (summary.json; a sweep member's line): "final" (the last
+    evaluated round) and "best" (the highest over evaluated rounds) of each of `EVAL_KEYS`,
+    the paper's score, the last training loss and the parameters sent in all."""
+    evaluated = [row for row in rows if "accuracy_micro" in row]
+    out: dict[str, Any] = {}
+    for key in EVAL_KEYS:
+        values = [row[key] for row in evaluated]
+        out[f"final_{key}"] = values[-1] if values else None
+        out[f"best_{key}"] = max(values) if values else None
+    out[PAPER_SCORE] = paper_score(evaluated)
+    out["final_train_loss"] = rows[-1]["train_loss"] if rows else None
+    out["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
+    return out
 
 
 def paper_score(evaluated: list[dict[str, Any]]) -> Optional[float]:

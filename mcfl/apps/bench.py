@@ -502,6 +502,8 @@ def plot_bench(path: Path, points: Sequence[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
     for (algorithm, model), line in _lines(points).items():
         x = [p["clients"] for p in line]
@@ -517,10 +519,7 @@ def plot_bench(path: Path, points: Sequence[dict]) -> None:
         ax.grid(alpha=0.3, which="both")
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _lines(points: Sequence[dict]) -> dict[tuple[str, str], list[dict]]:

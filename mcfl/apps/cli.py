@@ -111,6 +111,11 @@ def add_compile_cache_flag(parser: argparse.ArgumentParser) -> None:
                         "MCFL_NO_COMPILE_CACHE=1)")
 
 
+def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace the {what} already in --out (default: refuse)")
+
+
 def setup_compile_cache(args) -> None:
     """Turn JAX's persistent compilation cache on unless the flag or the environment say no;
     bench children learn it through the environment."""
@@ -437,8 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_flags(p_run)
     add_compile_cache_flag(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
-    p_run.add_argument("--overwrite", action="store_true",
-                       help="replace the run already in --out (default: refuse)")
+    add_overwrite_flag(p_run, "run")
     p_run.add_argument("--coordinator", metavar="HOST:PORT",
                        help="multi-process run: the address of process 0 (see README)")
     p_run.add_argument("--num-processes", type=int, metavar="N",
@@ -468,8 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--members-per-chunk", type=int, metavar="N",
                          help="most members per program (default: as many as fit in memory)")
     p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
-    p_sweep.add_argument("--overwrite", action="store_true",
-                         help="replace the sweep already in --out (default: refuse)")
+    add_overwrite_flag(p_sweep, "sweep")
     p_sweep.set_defaults(func=cmd_sweep)
 
     p_reproduce = sub.add_parser(
@@ -488,8 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_reproduce.add_argument("--cells", metavar="A,B",
                              help="only these cells (their labels in table.md, e.g. "
                              "FedAvg,IFCA)")
-    p_reproduce.add_argument("--overwrite", action="store_true",
-                             help="replace the table already in --out (default: refuse)")
+    add_overwrite_flag(p_reproduce, "table")
     add_cache_flags(p_reproduce)
     add_compile_cache_flag(p_reproduce)
     p_reproduce.set_defaults(func=cmd_reproduce)

@@ -125,6 +125,8 @@ def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (_, rounds) in runs.items():
         points = [(r["comm_params_total"], r["accuracy_micro"]) for r in rounds
@@ -136,11 +138,7 @@ def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Pat
     ax.set_xscale("symlog")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def compare(folders: list[Path], out: Path) -> str:

@@ -37,6 +37,8 @@ def plot_label_distribution(ds: FederatedDataset, path: Path, max_clients: int =
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     counts = label_counts(ds)[:max_clients].astype(np.float64)
     props = counts / np.maximum(counts.sum(1, keepdims=True), 1)
     fig, ax = plt.subplots(figsize=(6, 7))
@@ -45,8 +47,4 @@ def plot_label_distribution(ds: FederatedDataset, path: Path, max_clients: int =
     if len(counts) < ds.num_clients:
         ax.set_ylabel(f"client (first {len(counts)} of {ds.num_clients})")
     fig.colorbar(image, ax=ax, label="share of the client's training samples")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

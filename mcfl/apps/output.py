@@ -114,6 +114,17 @@ def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+def save_figure(fig, path: Path) -> Path:
+    """Lay out `fig`, write it to `path` as a PNG (its folder made if needed) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(path: Path, rows: list[dict[str, Any]], title: str = "") -> None:
     """Accuracy (micro and macro) and losses per round, one PNG."""
     plot_runs(path, {"": rows}, title)
@@ -161,10 +172,7 @@ def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = ""
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def title_of(config) -> str:

@@ -28,6 +28,8 @@ def plot_clusters(run_dir: Path, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     coords, cluster = found["coords"], found["cluster"]
     true = found.get("true_cluster")
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
@@ -47,9 +49,4 @@ def plot_clusters(run_dir: Path, out: Path) -> Path:
            title=f"{found['algorithm']}: {len(coords)} clients' local models")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, Path(out))

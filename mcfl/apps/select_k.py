@@ -23,6 +23,8 @@ def write_select_k(out: Path, found: dict, config) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     ks = [r["k"] for r in found["rows"]]
     fig, (ax_acc, ax_dist) = plt.subplots(1, 2, figsize=(10, 3.8))
     ax_acc.plot(ks, [r["accuracy_micro"] for r in found["rows"]], "o-", label="micro")
@@ -41,6 +43,4 @@ def write_select_k(out: Path, found: dict, config) -> None:
     for ax in (ax_acc, ax_dist):
         ax.grid(alpha=0.3)
         ax.set_xticks(ks)
-    fig.tight_layout()
-    fig.savefig(out / "select_k.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "select_k.png")

@@ -164,7 +164,6 @@ class GroupProgram:
     def __init__(self, group: Group, plan: RunPlan,
                  mesh: Optional[jax.sharding.Mesh] = None, width: Optional[int] = None):
         self.group, self.plan, self.mesh = group, plan, mesh
-        self.width = width
         self.devices = 1 if mesh is None else mesh.size
         base = group.base
         block = min(plan.block_size, plan.clients_per_round)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mcfl.runner import EVAL_KEYS, PAPER_SCORE, paper_score
+from mcfl.runner import EVAL_KEYS, PAPER_SCORE, outcome
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
     PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi")
@@ -32,18 +32,11 @@ def member_row(index: int, point, seed: int, data_seed: int, status: str,
     out: dict[str, Any] = {"member": index, **dict(point), "seed": seed,
                            "data_seed": data_seed, "status": status,
                            "rounds_completed": len(rows)}
-    evaluated = [r for r in rows if "accuracy_micro" in r]
-    for key in EVAL_KEYS:
-        values = [r[key] for r in evaluated]
-        out[f"final_{key}"] = values[-1] if values else None
-        out[f"best_{key}"] = max(values) if values else None
-    out[PAPER_SCORE] = paper_score(evaluated)
-    out["final_train_loss"] = rows[-1]["train_loss"] if rows else None
-    for key in ("cluster_ari", "cluster_nmi"):
-        values = [r[key] for r in evaluated if key in r]
+    out.update(outcome(rows))
+    for key in ("cluster_ari", "cluster_nmi"):  # of the last evaluated round
+        values = [r[key] for r in rows if key in r]
         if values:
             out[key] = values[-1]
-    out["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
     return out
 
 
@@ -113,6 +106,8 @@ def plot_bands(rounds: Sequence[dict[str, Any]], point_names: Sequence[str], pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from mcfl.apps.output import save_figure
+
     curves: dict[tuple, dict[int, list[float]]] = {}
     for row in rounds:
         if metric in row:
@@ -133,8 +128,4 @@ def plot_bands(rounds: Sequence[dict[str, Any]], point_names: Sequence[str], pat
     ax.grid(alpha=0.3)
     if curves:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
