@@ -26,6 +26,7 @@ import numpy as np
 from mcfl import distributed, engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.algorithms.base import scan_rounds
+from mcfl.checkpoint import StopRequests
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
 from mcfl.errors import ConfigError, TrainingDivergedError
@@ -90,7 +91,7 @@ def evaluate(
 
 
 def run(
-    config: RunConfig,
+    config: Optional[RunConfig] = None,
     out_dir: Optional[str | Path] = None,
     progress: Optional[Callable[[int, dict], None]] = None,
     dataset: Optional[FederatedDataset] = None,
@@ -98,10 +99,19 @@ def run(
     profile_dir: Optional[str | Path] = None,
     observers: tuple[RunObserver, ...] = (),
     overwrite: bool = False,
+    resume: Optional[str | Path] = None,
+    checkpoint_every: Optional[int] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
     `mcfl.apps.output.RunFolder`). A folder already holding a run is refused (`McflError`,
     before anything runs) unless `overwrite`, which deletes that run's files first.
+
+    A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints`` (`mcfl.checkpoint`):
+    every `checkpoint_every` rounds (default: every 5 minutes), at the end, and when SIGINT or
+    SIGTERM stops it (at the end of the round, or of the scanned chunk, under way).
+    ``run(resume=RUN_DIR)`` continues the run stopped there from its checkpoint, with the
+    config saved in it (`config`, if given, must equal it), writing to RUN_DIR; its rounds and
+    summary equal the uninterrupted run's apart from timings.
 
     `progress(round, row)` is called after every round with that round's metrics; `observers`
     hear about every round and the end (`RunObserver`). A prepared
@@ -111,11 +121,23 @@ def run(
     run has one round; with ``config.scan_rounds``, the second chunk of rounds) is written there
     for TensorBoard or Perfetto.
     """
+    if resume is not None:
+        config, out_dir = _resumed_config(config, Path(resume), out_dir)
+    elif config is None:
+        raise ConfigError("run() needs a config, or resume=RUN_DIR to continue a stopped run")
+    from mcfl.checkpoint import check_every
+
+    check_every(checkpoint_every)
     mesh = _client_mesh(config.devices)
-    if out_dir is not None and distributed.is_leader():
+    if out_dir is not None and distributed.is_leader() and resume is None:
         from mcfl.apps.output import prepare_folder
 
         prepare_folder(Path(out_dir), overwrite)
+    checkpoints = None
+    if out_dir is not None and distributed.process_count() == 1:
+        from mcfl.checkpoint import Checkpoints
+
+        checkpoints = Checkpoints(Path(out_dir), checkpoint_every)
     started = time.perf_counter()
     # Built outside the mesh: each process builds the same data from the config and seed
     # as plain (single-device) arrays; the rounds use them as replicated inputs.
@@ -130,7 +152,32 @@ def run(
             observers += (RunFolder(Path(out_dir)),)
         if not distributed.is_leader():  # in a multi-process run, process 0 reports
             observers = ()
-        return _run(config, dataset, started, observers, profile_dir, mesh)
+        try:
+            return _run(config, dataset, started, observers, profile_dir, mesh, checkpoints,
+                        None if resume is None else Path(resume))
+        finally:
+            if checkpoints is not None:
+                checkpoints.close()
+
+
+def _resumed_config(config: Optional[RunConfig], run_dir: Path, out_dir
+                    ) -> tuple[RunConfig, Path]:
+    """The config saved in `run_dir`'s checkpoint (checked against `config` if one is given)
+    and the folder a resumed run writes to: its own."""
+    from mcfl import checkpoint
+    from mcfl.config import from_dict
+
+    if out_dir is not None and Path(out_dir).resolve() != run_dir.resolve():
+        raise ConfigError(f"a resumed run writes to its own folder {str(run_dir)!r}, not "
+                          f"{str(out_dir)!r}")
+    saved = from_dict(checkpoint.latest(run_dir).config)
+    if config is not None and config.to_dict() != saved.to_dict():
+        mine, theirs = config.to_dict(), saved.to_dict()
+        changed = [f"{k}={mine.get(k)!r} (checkpoint: {theirs.get(k)!r})"
+                   for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
+        raise ConfigError(f"the config differs from the one checkpointed in {str(run_dir)!r}: "
+                          + ", ".join(changed) + "; a run resumes with its own config")
+    return saved, run_dir
 
 
 class RunPlan(NamedTuple):
@@ -192,6 +239,8 @@ def _run(
     observers: tuple[RunObserver, ...] = (),
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
+    checkpoints=None,  # mcfl.checkpoint.Checkpoints of the run folder
+    resume_dir: Optional[Path] = None,
 ) -> RunResult:
     replicated = distributed.replicated_outputs(mesh)
     if dataset.num_clients != config.clients:
@@ -218,13 +267,19 @@ def _run(
     if algorithm.assignments is not None:  # cluster metrics arrive with evaluated rounds
         later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
                                       if dataset.true_cluster is not None else ())
-    for observer in observers:
-        observer.started(config, later)
     rows: list[dict[str, Any]] = []
     evaluated_assignments: list[np.ndarray] = []
     assignment_rounds: list[int] = []
     round_seconds: list[float] = []
-    comm_total = 0
+    if resume_dir is not None:
+        state, done = _restore(resume_dir, state, rounds_key, config, rows, round_seconds,
+                               evaluated_assignments, assignment_rounds)
+        chunks = [(first, count) for first, count in chunks if first > done]
+    comm_total = rows[-1]["comm_params_total"] if rows else 0
+    for observer in observers:
+        observer.started(config, later)
+        for row in rows:  # a resumed run's rows so far
+            observer.round(row)
     metrics = None
     # Compile every program the run needs before the first round (from JAX's persistent cache
     # when it holds them), so that round times are training alone.
@@ -245,40 +300,54 @@ def _run(
     profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
     profiled = profiled if profile_dir else range(0)
     tracing = False
+
+    def save_checkpoint(last_round: int) -> None:
+        checkpoints.save(last_round, state, rounds_key, config.to_dict(),
+                         {"rows": rows, "round_seconds": round_seconds,
+                          "assignment_rounds": assignment_rounds}, evaluated_assignments)
+
+    # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
+    # state is whole and can be checkpointed (mcfl.checkpoint.StopRequests).
+    stop_requests = StopRequests() if checkpoints is not None else None
     try:
-        for c, (first, count) in enumerate(chunks):
-            if c == profiled.start and c in profiled:
-                jax.profiler.start_trace(str(profile_dir))
-                tracing = True
-            t0 = time.perf_counter()
-            state, chunk_metrics = rounds.run(state, data, rounds_key, first, count)
-            seconds = (time.perf_counter() - t0) / count
-            for i in range(count):
-                r = first + i
-                row = {"round": r, **{k: float(v[i]) for k, v in chunk_metrics.items()},
-                       "seconds": seconds}
-                if not all(math.isfinite(v) for v in row.values()):
-                    raise TrainingDivergedError(
-                        f"training diverged in round {r}: train_loss={row['train_loss']} "
-                        f"(try a smaller --lr than {config.lr}); rounds 1-{r - 1} were kept"
-                    )
-                round_seconds.append(seconds)
-                comm_total += add_communication(row, params_count, comm_total)
-                if i == count - 1 and (r % config.eval_every == 0 or r == config.rounds):
-                    # Population-wide work (evaluation, cluster recovery) only here.
-                    metrics = evaluator(state, dataset)
-                    row.update(aggregate(metrics))
-                    if algorithm.assignments is not None:
-                        assigned = np.asarray(jax.device_get(algorithm.assignments(state)))
-                        evaluated_assignments.append(assigned)
-                        assignment_rounds.append(r)
-                        row.update(cluster_metrics(assigned, dataset.true_cluster))
-                rows.append(row)
-                for observer in observers:
-                    observer.round(row)
-            if tracing and c == profiled[-1]:
-                jax.profiler.stop_trace()
-                tracing = False
+        with stop_requests or contextlib.nullcontext():
+            for c, (first, count) in enumerate(chunks):
+                if c == profiled.start and c in profiled:
+                    jax.profiler.start_trace(str(profile_dir))
+                    tracing = True
+                t0 = time.perf_counter()
+                state, chunk_metrics = rounds.run(state, data, rounds_key, first, count)
+                seconds = (time.perf_counter() - t0) / count
+                for i in range(count):
+                    r = first + i
+                    row = {"round": r, **{k: float(v[i]) for k, v in chunk_metrics.items()},
+                           "seconds": seconds}
+                    if not all(math.isfinite(v) for v in row.values()):
+                        raise TrainingDivergedError(_divergence(config, row, rows))
+                    round_seconds.append(seconds)
+                    comm_total += add_communication(row, params_count, comm_total)
+                    if i == count - 1 and (r % config.eval_every == 0 or r == config.rounds):
+                        # Population-wide work (evaluation, cluster recovery) only here.
+                        metrics = evaluator(state, dataset)
+                        row.update(aggregate(metrics))
+                        if algorithm.assignments is not None:
+                            assigned = np.asarray(jax.device_get(algorithm.assignments(state)))
+                            evaluated_assignments.append(assigned)
+                            assignment_rounds.append(r)
+                            row.update(cluster_metrics(assigned, dataset.true_cluster))
+                    rows.append(row)
+                    for observer in observers:
+                        observer.round(row)
+                if tracing and c == profiled[-1]:
+                    jax.profiler.stop_trace()
+                    tracing = False
+                last = first + count - 1
+                stopping = stop_requests is not None and stop_requests.requested is not None
+                if checkpoints is not None and (
+                        stopping or last == config.rounds or checkpoints.due(last)):
+                    save_checkpoint(last)
+                if stopping:
+                    raise KeyboardInterrupt(f"signal {stop_requests.requested}")
     except BaseException as stop:  # every stop leaves a summary with its status
         status = ("diverged" if isinstance(stop, TrainingDivergedError)
                   else "interrupted" if isinstance(stop, KeyboardInterrupt) else "error")
@@ -303,6 +372,34 @@ def _run(
     for observer in observers:
         observer.finished(result)
     return result
+
+
+def _restore(run_dir: Path, state, rounds_key, config: RunConfig, rows, round_seconds,
+             evaluated_assignments, assignment_rounds) -> tuple[Any, int]:
+    """Load `run_dir`'s checkpoint into the run's state and records (the lists, in place);
+    returns the state and the last round it finished."""
+    from mcfl import checkpoint
+
+    saved = checkpoint.restore(run_dir, state, rounds_key)
+    rows.extend(saved.progress["rows"])
+    round_seconds.extend(saved.progress["round_seconds"])
+    assignment_rounds.extend(saved.progress["assignment_rounds"])
+    if saved.assignments is not None:
+        evaluated_assignments.extend(np.asarray(saved.assignments))
+    return saved.state, saved.round
+
+
+def _divergence(config: RunConfig, row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """What a round with a non-finite metric says: which values, which rounds are kept, and
+    the settings that scale the updates."""
+    bad = ", ".join(f"{k}={v}" for k, v in row.items() if not math.isfinite(v))
+    kept = f"rounds 1-{rows[-1]['round']} were kept" if rows else "no round was kept"
+    causes = [f"--lr {config.lr}"]
+    server_lr = getattr(config.params, "server_lr", None)
+    if server_lr is not None:
+        causes.append(f"--server-lr {server_lr}")
+    return (f"training diverged in round {row['round']}: non-finite {bad}; {kept}. Try a "
+            f"smaller {' or '.join(causes)}, or check the data for extreme values")
 
 
 def _embedding(algorithm, config, model, block_size, state, data, rounds_key, assignment,

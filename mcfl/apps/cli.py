@@ -171,21 +171,40 @@ def cmd_run(args) -> int:
     from mcfl import distributed
     from mcfl.runner import run
 
-    config = config_from_args(args)
-    if args.coordinator is not None or args.num_processes is not None \
-            or args.process_id is not None:
+    multi_process = (args.coordinator is not None or args.num_processes is not None
+                     or args.process_id is not None)
+    if args.resume is not None:
+        config, out = _resumed(args, multi_process)
+    else:
+        config = config_from_args(args)
+        out = Path(args.out) if args.out else _default_out(config)
+    if multi_process:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    out = Path(args.out) if args.out else _default_out(config)
     if not distributed.is_leader():  # process 0 of a multi-process run reports and writes
         run(config, out_dir=None, cache_dir=cache_dir_from_args(args))
         return 0
-    from mcfl.apps.output import prepare_folder
+    from mcfl.checkpoint import check_every
 
-    prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
+    check_every(args.checkpoint_every)
+    if args.resume is None:
+        from mcfl.apps.output import prepare_folder
+
+        prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
     bar, update = _progress_bar(config.rounds, config.algorithm)
     try:
-        result = run(config, out_dir=out, progress=update, cache_dir=cache_dir_from_args(args),
-                     profile_dir=args.profile, overwrite=args.overwrite)
+        result = run(None if args.resume else config, out_dir=out, progress=update,
+                     cache_dir=cache_dir_from_args(args), profile_dir=args.profile,
+                     overwrite=args.overwrite, resume=args.resume,
+                     checkpoint_every=args.checkpoint_every)
+    except KeyboardInterrupt:
+        bar.close()
+        from mcfl import checkpoint
+
+        again = (f"; continue it with: mcfl run --resume {out}" if checkpoint.exists(out)
+                 else "")
+        print(f"mcfl: interrupted; the rounds finished so far are in {out}/{again}",
+              file=sys.stderr)
+        return 130
     finally:
         bar.close()
     s = result.summary
@@ -200,6 +219,27 @@ def cmd_run(args) -> int:
         f"results in {out}/"
     )
     return 0
+
+
+def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
+    """The config and folder of `mcfl run --resume DIR`: the run's own, from its checkpoint."""
+    from mcfl import checkpoint
+    from mcfl.config import from_dict
+
+    given = sorted(k for k in vars(args) if k in all_keys()) + (
+        ["config"] if args.config else [])
+    if given:
+        raise ConfigError("--resume continues a run with the config saved in its checkpoint; "
+                          "drop " + ", ".join("--" + k.replace("_", "-") for k in given))
+    if args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    if multi_process:
+        raise ConfigError("--resume is for single-process runs (multi-process runs keep no "
+                          "checkpoints)")
+    out = Path(args.resume)
+    if args.out is not None and Path(args.out).resolve() != out.resolve():
+        raise ConfigError(f"a resumed run writes to its own folder {str(out)!r}; drop --out")
+    return from_dict(checkpoint.latest(out).config), out
 
 
 def cmd_sweep(args) -> int:
@@ -443,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_cache_flag(p_run)
     p_run.add_argument("--out", metavar="DIR", help="output folder (default runs/NAME)")
     add_overwrite_flag(p_run, "run")
+    p_run.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue the run stopped in RUN_DIR from its checkpoint, with its "
+                       "own config (no other settings); the result equals an uninterrupted run")
+    p_run.add_argument("--checkpoint-every", type=int, metavar="N",
+                       help="checkpoint every N rounds (default: every 5 minutes; always at "
+                       "the end and on Ctrl-C / SIGTERM)")
     p_run.add_argument("--coordinator", metavar="HOST:PORT",
                        help="multi-process run: the address of process 0 (see README)")
     p_run.add_argument("--num-processes", type=int, metavar="N",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,9 +20,9 @@ def _json_safe(value):
     return value
 
 
-# The files a run folder may hold (all of them mcfl's own).
+# The files a run folder may hold (all of them mcfl's own; checkpoints/ is a folder).
 RUN_FILES = ("summary.json", "rounds.csv", "clients.csv", "curves.png", "assignments.npz",
-             "clients_pca.npz")
+             "clients_pca.npz", "checkpoints")
 
 
 def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
@@ -35,12 +36,14 @@ def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_
         raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
     held = [name for name in files if (out_dir / name).exists()]
     if held and not overwrite:
+        resume = " (or --resume it)" if "checkpoints" in held else ""
         raise McflError(f"{str(out_dir)!r} already holds a run ({', '.join(held)}); pass "
-                        f"{flag} to replace it, or choose another --out")
+                        f"{flag} to replace it{resume}, or choose another --out")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name in held:
-            (out_dir / name).unlink()
+            path = out_dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
         probe = out_dir / ".mcfl-write-test"
         probe.write_text("")
         probe.unlink()
