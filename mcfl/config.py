@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -30,6 +31,7 @@ MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 SCORES = ("mcfl", "paper")
+DEFAULT_CLIENTS = 100
 
 
 def _registry():
@@ -55,7 +57,8 @@ class RunConfig:
     algorithm: str = setting("fedavg", "the algorithm (see the table in the README)")
     dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | leaf | "
                            "tfds:NAME")
-    clients: int = setting(100, "number of clients", minimum=1)
+    clients: Optional[int] = setting(None, "number of clients (default: all the users of a "
+                                     "natural dataset (leaf), else 100)", minimum=1)
     rounds: int = setting(50, "communication rounds", minimum=1)
     seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
                         maximum=INT64_MAX)
@@ -68,6 +71,9 @@ class RunConfig:
         None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
         "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5); default: natural for "
         "synthetic and leaf, else iid")
+    samples_per_client: Optional[int] = setting(
+        None, "split datasets: keep at most this many rows (train + test) of each client, "
+        "drawn at random (IFCA's n); default all", minimum=1)
     test_fraction: Optional[float] = setting(
         None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2)",
         above=0, below=1)
@@ -134,6 +140,11 @@ class RunConfig:
         for f in SHARED_FIELDS.values():
             value = values.pop(f.name) if f.name in values else f.default
             object.__setattr__(self, f.name, check(RunConfig, f, value))
+        if self.clients is None and self.dataset != "leaf":
+            # Only a natural dataset knows its users; the others are split over 100 clients.
+            object.__setattr__(self, "clients", DEFAULT_CLIENTS)
+        if self.data_dir is not None:  # "~/data" in a config file means what a shell means
+            object.__setattr__(self, "data_dir", os.path.expanduser(self.data_dir))
         if params is not None:
             if not isinstance(params, spec.params):
                 raise ConfigError(f"params for {algorithm!r} must be a "
@@ -201,6 +212,8 @@ def _validate(c: RunConfig) -> None:
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
             f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
         )
+    if c.clients is None:  # a natural dataset's users, counted when it is loaded
+        return
     if c.clustered and c.clusters > c.clients:
         raise ConfigError(
             f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
@@ -237,6 +250,9 @@ def _validate_data(c: RunConfig) -> None:
                 f"partition 'natural' needs per-user data (dataset synthetic or leaf), "
                 f"not {c.dataset!r}"
             )
+    if c.samples_per_client is not None and c.dataset in ("synthetic", "leaf"):
+        raise ConfigError(f"samples_per_client applies to datasets split over clients, not "
+                          f"{c.dataset!r} (its users bring their own rows)")
     if c.dataset == "leaf" and c.test_fraction is not None:
         raise ConfigError("leaf data brings its own test files; test_fraction does not apply")
 
@@ -275,11 +291,14 @@ def load_file(path: Union[str, Path]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
+    if path.suffix not in (".toml", ".json"):
+        raise ConfigError(f"config file {str(path)!r} must end in .json or .toml")
     try:
-        if path.suffix == ".toml":
-            return tomllib.loads(path.read_text())
-        if path.suffix == ".json":
-            return json.loads(path.read_text())
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        text = path.read_text()
+        values = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {str(path)!r} is malformed: {e}") from None
-    raise ConfigError(f"config file {str(path)!r} must end in .json or .toml")
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values, "
+                          f"got a {type(values).__name__}")
+    return values

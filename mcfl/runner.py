@@ -28,7 +28,7 @@ from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.algorithms.base import scan_rounds
 from mcfl.checkpoint import StopRequests
 from mcfl.config import RunConfig
-from mcfl.data import FederatedDataset, load_dataset
+from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError, TrainingDivergedError
 from mcfl.evaluation import aggregate, client_metrics
 from mcfl.models import count_params, make_model
@@ -141,7 +141,12 @@ def run(
     started = time.perf_counter()
     # Built outside the mesh: each process builds the same data from the config and seed
     # as plain (single-device) arrays; the rounds use them as replicated inputs.
-    dataset = dataset if dataset is not None else load_dataset(config, cache_dir)
+    if dataset is None:  # a natural dataset with no `clients` is loaded to count its users
+        config, dataset = with_all_users(config, cache_dir)
+    elif config.clients is None:
+        config = config.replace(clients=dataset.num_clients)
+    if dataset is None:
+        dataset = load_dataset(config, cache_dir)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         observers = tuple(observers)
         if progress is not None:
@@ -200,6 +205,12 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 
 
 def plan_run(config: RunConfig, dataset: FederatedDataset) -> RunPlan:
+    if int(dataset.test_counts().sum()) == 0:
+        from mcfl.errors import DataError
+
+        raise DataError(f"the dataset {dataset.name!r} has no test rows for its "
+                        f"{dataset.num_clients} client(s) (a LEAF folder: its test/*.json list "
+                        "none of them); runs are scored on test rows")
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
                        config.conv)
     init_key = jax.random.key(0)  # shapes only

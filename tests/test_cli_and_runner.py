@@ -154,10 +154,19 @@ def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypa
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "training diverged in round 3" in err and "rounds 1-2 were kept" in err
+    assert "training diverged in round 3: non-finite train_loss=nan" in err
+    assert "rounds 1-2 were kept" in err and "smaller --lr 0.01 or --server-lr 1.0" in err
     rounds = _csv(out / "rounds.csv")
     assert [int(r["round"]) for r in rounds] == [1, 2]
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
+    config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
+    text = mcfl.runner._divergence(config, {"round": 1, "train_loss": float("inf"),
+                                            "discrepancy": 0.5}, [])
+    assert text == ("training diverged in round 1: non-finite train_loss=inf; no round was "
+                    "kept. Try a smaller --lr 0.5, or check the data for extreme values")
 
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch):

@@ -238,5 +238,52 @@ def test_test_user_missing_from_train_is_named(tmp_path):
 def test_non_integer_labels_are_named(tmp_path):
     train = {"a.json": {"w1": ([[0.0], [1.0]], [0, 0.5])}}
     _write_leaf(tmp_path, train, {"a.json": {}})
-    with pytest.raises(DataError, match="labels of user 'w1' in .* must be integers, got 0.5"):
+    with pytest.raises(DataError, match="labels of user 'w1' in .* must be integers >= 0, got 0.5"):
         load_leaf(tmp_path)
+
+
+def test_nan_or_infinite_features_name_the_file_and_user(tmp_path):
+    train = {"a.json": {"w1": ([[0.0, 1.0], [float("nan"), 2.0]], [0, 1])}}  # JSON's NaN
+    _write_leaf(tmp_path, train, {"a.json": {"w1": ([[0.0, 1.0]], [0])}})
+    with pytest.raises(DataError, match=r"x of user 'w1' in .*a.json holds NaN or infinity "
+                                        r"\(row 1: nan\)"):
+        load_leaf(tmp_path)
+
+
+def test_test_files_listing_no_users_stop_a_run_before_it_starts(tmp_path):
+    import mcfl
+
+    _write_leaf(tmp_path, test={"a.json": {}})
+    assert load_leaf(tmp_path).test_counts().sum() == 0  # loading alone is fine
+    with pytest.raises(DataError, match=r"'leaf' has no test rows for its 3 client\(s\) \(a "
+                                        r"LEAF folder: its test/\*.json list none of them\)"):
+        mcfl.run(mcfl.RunConfig(dataset="leaf", data_dir=str(tmp_path), rounds=1))
+
+
+def test_labels_beyond_the_classes_name_the_user_and_file(tmp_path):
+    _write_leaf(tmp_path)
+    with pytest.raises(DataError, match=r"label 6 of user 'w1' in .*part_0.json is out of range: "
+                                        r"this dataset has 5 classes \(0 to 4\)"):
+        load_leaf(tmp_path, num_classes=5)
+
+
+def test_all_users_are_clients_unless_asked_and_home_is_expanded(tmp_path, monkeypatch, capsys):
+    import json as json_
+
+    import mcfl
+    from mcfl.apps.cli import main
+    from mcfl.data import with_all_users
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write_leaf(tmp_path / "leafdata")
+    config = mcfl.RunConfig(dataset="leaf", data_dir="~/leafdata")
+    assert config.data_dir == str(tmp_path / "leafdata") and config.clients is None
+    assert with_all_users(config)[0].clients == 3
+    assert mcfl.RunConfig(dataset="leaf", data_dir="x", clients=2).clients == 2
+    assert mcfl.RunConfig(dataset="digits").clients == 100  # split datasets: 100 by default
+    out = tmp_path / "run"
+    assert main(["run", "--dataset", "leaf", "--data-dir", "~/leafdata", "--rounds", "1",
+                 "--no-cache", "--out", str(out)]) == 0
+    assert "leaf: all 3 users are clients" in capsys.readouterr().out
+    summary = json_.loads((out / "summary.json").read_text())
+    assert summary["config"]["clients"] == 3 and summary["dataset"]["clients"] == 3

@@ -105,3 +105,29 @@ def test_array_dataset_counts_add_up_and_true_cluster_kept():
     assert ds.true_cluster.shape == (50,) and ds.arrays.x_train.dtype == np.float32
     with pytest.raises(DataError, match="1000 clients need at least 2000 samples"):
         partition_arrays(arrays, parse_partition("dirichlet:0.5"), 1000, 0.2, "scale", 0)
+
+
+def test_cap_rows_keeps_at_most_n_random_rows_per_client():
+    from mcfl.data.partition import cap_rows
+
+    owner = np.array([0, 0, 0, 1, 1, -1, 2, 0, 1, 1])
+    kept_sets = set()
+    for seed in range(20):
+        capped = cap_rows(owner, 2, np.random.default_rng(seed))
+        assert np.all((capped == owner) | (capped == -1))  # rows only leave, never move
+        assert np.bincount(capped[capped >= 0], minlength=3).tolist() == [2, 2, 1]
+        assert capped[5] == -1
+        kept_sets.add(tuple(np.flatnonzero(capped == 0)))
+    assert len(kept_sets) > 1  # drawn at random, not the first rows
+
+
+def test_samples_per_client_gives_every_client_n_rows():
+    import mcfl
+    from mcfl.data import load_dataset
+
+    data = load_dataset(mcfl.RunConfig(dataset="digits", partition="rotated:2", clients=20,
+                                       samples_per_client=30))
+    total = data.train_counts() + data.test_counts()
+    assert total.tolist() == [30] * 20
+    with pytest.raises(mcfl.ConfigError, match="samples_per_client applies to datasets split"):
+        mcfl.RunConfig(dataset="synthetic", samples_per_client=5)

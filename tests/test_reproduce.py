@@ -33,7 +33,11 @@ def test_every_table_and_cell_is_a_valid_config():
             base = reproduce.base_config(table, quick)
             cells = reproduce.cell_configs(table, base)
             assert len(cells) == len(table.cells)
-        assert any(c.paper is not None for c in table.cells)
+        # a table compares with the paper's values, or with the ordering it claims
+        assert any(c.paper is not None for c in table.cells) or table.ordering
+        assert set(table.ordering) <= {c.label for c in table.cells}
+        root = Path(__file__).resolve().parent.parent
+        assert load_file(root / table.config_file) == {**reproduce.get(name).base}
     table3 = reproduce.get("flexcfl-table3-synthetic")
     base = reproduce.base_config(table3, quick=False)
     assert (base.clients, base.rounds, base.local_epochs, base.clusters, base.lr) == (
@@ -45,6 +49,15 @@ def test_every_table_and_cell_is_a_valid_config():
     assert load_file(root / table3.config_file) == table3.base
     with pytest.raises(ConfigError, match="unknown table 'nope'"):
         reproduce.get("nope")
+
+
+def test_ordering_line_says_whether_the_means_follow_the_paper():
+    rows = [{"cell": "IFCA", "mcfl_mean": 90.0}, {"cell": "global", "mcfl_mean": 80.0},
+            {"cell": "local", "mcfl_mean": 85.0}, {"cell": "FeSEM", "mcfl_mean": 70.0}]
+    line = reproduce.ordering_line(("IFCA", "global", "local"), rows)
+    assert line.endswith("mcfl: IFCA (90.0) > global (80.0) > local (85.0): NOT the same order.")
+    assert reproduce.ordering_line(("IFCA", "global"), rows).endswith("the same order.")
+    assert "not enough cells" in reproduce.ordering_line(("IFCA", "x"), rows)
 
 
 def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):

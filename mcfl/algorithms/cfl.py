@@ -35,6 +35,15 @@ from mcfl.errors import ConfigError
 from mcfl.sampling import sample_clients
 from mcfl.settings import setting
 
+THRESHOLDS = ("relative", "absolute")
+
+
+class CFLState(ClusterState):
+    """`ClusterState` plus the scale of the updates: the mean over the warm-up rounds of the
+    sampled clients' mean update norm (relative thresholds are fractions of it)."""
+
+    update_scale: jax.Array
+
 
 @dataclasses.dataclass(frozen=True)
 class CFLParams:
@@ -43,6 +52,10 @@ class CFLParams:
     eps2: float = setting(1.6, "... and its largest member update norm above eps2",
                           key="cfl_eps2", minimum=0)
     warmup: int = setting(20, "rounds before the first split", key="cfl_warmup", minimum=0)
+    thresholds: str = setting("relative", "relative: eps1 and eps2 are multiples of the mean "
+                              "client update norm over the warm-up rounds (any data or model) "
+                              "| absolute: update norms, as in the paper's code",
+                              key="cfl_thresholds", choices=THRESHOLDS)
 
     def check(self, config) -> None:
         if self.eps1 > self.eps2:
@@ -62,11 +75,14 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
     clients_per_round, block_size = context.clients_per_round, context.block_size
     max_clusters = context.num_clusters
     eps1, eps2, warmup = params.eps1, params.eps2, params.warmup
+    relative = params.thresholds == "relative"
 
     def init(data, key):
         models = stack(model.init(key), max_clusters)
         active = jnp.zeros((max_clusters,), bool).at[0].set(True)
-        return ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
+        base = ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
+        return CFLState(base.models, base.assignment, base.active, base.round, base.sizes,
+                        jnp.zeros((), jnp.float32))
 
     def split_clusters(state, start, updates, weights):
         """Bipartition every eligible cluster; returns new member clusters [S] and `active`."""
@@ -77,8 +93,9 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         mean_norm = jnp.linalg.norm(mean_update, axis=1)
         max_norm = jnp.max(jnp.where(one_hot > 0, norms[:, None], 0.0), axis=0)
         members = one_hot.sum(0)
-        eligible = (state.active & (state.round >= warmup) & (mean_norm < eps1)
-                    & (max_norm > eps2) & (members > 2))
+        scale = jnp.maximum(state.update_scale, 1e-30) if relative else 1.0
+        eligible = (state.active & (state.round >= warmup) & (mean_norm < eps1 * scale)
+                    & (max_norm > eps2 * scale) & (members > 2))
         distance = 1.0 - cosine_similarity(updates)  # [S, S]
 
         def split_one(k, carry):
@@ -94,7 +111,14 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
 
             return jax.lax.cond(can, do_split, lambda c: c, (member_cluster, active))
 
-        return jax.lax.fori_loop(0, max_clusters, split_one, (start, state.active))
+        member_cluster, active = jax.lax.fori_loop(0, max_clusters, split_one,
+                                                   (start, state.active))
+        # What the split test saw, in the units of eps1 / eps2: the smallest mean update norm
+        # and the largest member update norm over clusters with more than two members.
+        tested = state.active & (members > 2)
+        seen = (jnp.min(jnp.where(tested, mean_norm, jnp.inf)) / scale,
+                jnp.max(jnp.where(tested, max_norm, 0.0)) / scale)
+        return member_cluster, active, seen
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
@@ -107,7 +131,15 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         trained_flat = flat_models(trained)  # [S, d]
         updates = trained_flat - flat_models(parents)
         weights = data.train_counts[clients].astype(jnp.float32)
-        member_cluster, active = split_clusters(state, start, updates, weights)
+        # The scale of the updates: their mean norm, averaged over the warm-up rounds.
+        mean_norm = jnp.mean(jnp.linalg.norm(updates, axis=1))
+        in_warmup = state.round < max(warmup, 1)  # (warmup 0: the first round sets it)
+        count = jnp.minimum(state.round, warmup).astype(jnp.float32)
+        scale = jnp.where(in_warmup, (state.update_scale * count + mean_norm) / (count + 1),
+                          state.update_scale)
+        state = state.replace(update_scale=scale)
+        member_cluster, active, (mean_seen, max_seen) = split_clusters(state, start, updates,
+                                                                       weights)
         # A new half starts from its parent's model, then every cluster takes its members'
         # weighted mean update.
         parent_of = jnp.arange(max_clusters).at[member_cluster].set(start)
@@ -119,6 +151,9 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         assignment, sizes = reassign(state.assignment, state.sizes, clients, member_cluster)
         metrics = training_metrics(weights, stats)
         metrics["num_clusters"] = cluster_count(sizes)
+        metrics["update_scale"] = scale
+        metrics["split_mean_norm"] = jnp.where(jnp.isfinite(mean_seen), mean_seen, 0.0)
+        metrics["split_max_norm"] = max_seen
         new_centers = flat_models(models)[member_cluster]
         metrics["intra_cluster_distance"] = jnp.sum(
             weights * jnp.sum(jnp.square(trained_flat - new_centers), axis=1)) / jnp.sum(weights)

@@ -136,7 +136,7 @@ class FedGroupParams:
 
     def check(self, config) -> None:
         needed = self.pretrain_scale * config.clusters
-        if needed > config.clients:
+        if config.clients is not None and needed > config.clients:
             raise ConfigError(
                 f"the group cold start needs pretrain_scale * clusters = {self.pretrain_scale} "
                 f"* {config.clusters} = {needed} clients, more than the {config.clients} "

@@ -23,7 +23,8 @@ from typing import Any, Optional
 from mcfl.config import SHARED_FIELDS, RunConfig, all_keys, from_dict, load_file, parse_hidden
 from mcfl.errors import ConfigError, McflError
 
-DATA_FLAGS = ("dataset", "data_dir", "download", "partition", "clients", "seed", "data_seed",
+DATA_FLAGS = ("dataset", "data_dir", "download", "partition", "clients", "samples_per_client",
+              "seed", "data_seed",
               "test_fraction", "normalize", "synthetic_alpha", "synthetic_beta")
 
 
@@ -135,7 +136,21 @@ def cache_dir_from_args(args) -> Optional[Path]:
 
     if args.no_cache:
         return None
-    return Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    return Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+
+
+def check_cache_dir(args) -> None:
+    """--cache-dir names a folder that is, or can be made, writable (one line if not)."""
+    if not getattr(args, "cache_dir", None):
+        return
+    path = Path(args.cache_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--cache-dir {args.cache_dir!r} is a file; name a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--cache-dir {args.cache_dir!r} cannot be made: "
+                          f"{e.strerror or e}") from None
 
 
 def config_from_args(args: argparse.Namespace, base: Optional[dict] = None) -> RunConfig:
@@ -148,7 +163,8 @@ def config_from_args(args: argparse.Namespace, base: Optional[dict] = None) -> R
 
 
 def _default_out(config: RunConfig) -> Path:
-    return Path("runs") / f"{config.algorithm}-{config.dataset}-c{config.clients}-s{config.seed}"
+    return Path("runs") / (f"{config.algorithm}-{config.dataset}-c{config.clients or 'all'}"
+                           f"-s{config.seed}")
 
 
 def _progress_bar(total: int, desc: str):
@@ -191,11 +207,12 @@ def cmd_run(args) -> int:
 
         prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
     bar, update = _progress_bar(config.rounds, config.algorithm)
+    announce = (_AllUsers(bar),) if config.clients is None else ()
     try:
         result = run(None if args.resume else config, out_dir=out, progress=update,
                      cache_dir=cache_dir_from_args(args), profile_dir=args.profile,
                      overwrite=args.overwrite, resume=args.resume,
-                     checkpoint_every=args.checkpoint_every)
+                     checkpoint_every=args.checkpoint_every, observers=announce)
     except KeyboardInterrupt:
         bar.close()
         from mcfl import checkpoint
@@ -219,6 +236,23 @@ def cmd_run(args) -> int:
         f"results in {out}/"
     )
     return 0
+
+
+class _AllUsers:
+    """Says how many clients a natural dataset given no --clients brought (all its users)."""
+
+    def __init__(self, bar):
+        self._bar = bar
+
+    def started(self, config, later_columns) -> None:
+        self._bar.write(f"{config.dataset}: all {config.clients} users are clients "
+                        "(--clients N keeps the first N)")
+
+    def round(self, row) -> None: ...
+
+    def stopped(self, summary) -> None: ...
+
+    def finished(self, result) -> None: ...
 
 
 def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
@@ -344,17 +378,20 @@ def cmd_data_describe(args) -> int:
 
 def cmd_data_plot(args) -> int:
     from mcfl.apps.describe import plot_label_distribution
+    from mcfl.apps.output import check_figure_path
     from mcfl.data import load_dataset
 
+    out = check_figure_path(Path(args.out))
     dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
-    print(f"label distribution: {plot_label_distribution(dataset, Path(args.out))}")
+    print(f"label distribution: {plot_label_distribution(dataset, out)}")
     return 0
 
 
 def cmd_compare(args) -> int:
     from mcfl.apps.compare import compare
+    from mcfl.apps.output import check_figure_path
 
-    print(compare([Path(r) for r in args.runs], Path(args.out)))
+    print(compare([Path(r) for r in args.runs], check_figure_path(Path(args.out))))
     print(f"accuracy against communication: {args.out}")
     return 0
 
@@ -614,6 +651,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
+        check_cache_dir(args)
         if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
             setup_compile_cache(args)
         return args.func(args)

@@ -149,6 +149,10 @@ def compare(folders: list[Path], out: Path) -> str:
             runs.update(load_sweep(folder))
             continue
         summary, rounds = load_run(folder)
-        runs[label_of(folder, summary)] = (summary, rounds)
+        label = label_of(folder, summary)
+        if label in runs:  # two folders of the same name and algorithm: show both, by path
+            label = f"{folder} ({summary['config']['algorithm']})"
+            label = label if label not in runs else f"{label} #{len(runs) + 1}"
+        runs[label] = (summary, rounds)
     plot_accuracy_vs_communication(runs, out)
     return format_table(runs)

@@ -54,7 +54,7 @@ def run_demo(out: Path, rounds: Optional[int] = None, clients: Optional[int] = N
     """Run both experiments, print their tables, save their plots; returns the summaries."""
     from tqdm import tqdm
 
-    overrides = {k: v for k, v in (("rounds", rounds), ("clients", clients)) if v}
+    overrides = {k: v for k, v in (("rounds", rounds), ("clients", clients)) if v is not None}
     results = {}
     for exp in EXPERIMENTS:
         base = exp.config.replace(**overrides)

@@ -117,14 +117,39 @@ def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_figure_path(path: Path, flag: str = "--out") -> Path:
+    """A path a figure can be written to: its suffix one of `FIGURE_SUFFIXES`, not a folder
+    (checked before the work that makes the figure)."""
+    from mcfl.errors import McflError
+
+    path = Path(path)
+    if path.suffix.lower() not in FIGURE_SUFFIXES:
+        raise McflError(f"{flag} {str(path)!r} must end in one of "
+                        f"{', '.join(FIGURE_SUFFIXES)} (the figure's format)")
+    if path.is_dir():
+        raise McflError(f"{flag} {str(path)!r} is a folder; name the figure file")
+    return path
+
+
 def save_figure(fig, path: Path) -> Path:
-    """Lay out `fig`, write it to `path` as a PNG (its folder made if needed) and free it."""
+    """Lay out `fig`, write it to `path` (a PNG unless its suffix says otherwise; its folder
+    made if needed) and free it."""
     import matplotlib.pyplot as plt
 
+    check_figure_path(path, "the figure")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        from mcfl.errors import McflError
+
+        raise McflError(f"cannot write the figure {str(path)!r}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -69,8 +69,10 @@ def partition_arrays(
     test_fraction: float,
     normalization: str,
     seed: int,
+    samples_per_client: Optional[int] = None,
 ) -> FederatedDataset:
-    """Split one labelled dataset over clients by `part`, planting clusters if asked."""
+    """Split one labelled dataset over clients by `part`, planting clusters if asked; with
+    `samples_per_client`, each client keeps that many of its rows at most (drawn at random)."""
     rng = np.random.default_rng(seed)
     y = arrays.y
     if part.kind == "iid":
@@ -85,6 +87,8 @@ def partition_arrays(
         owner = partition.ditto_fmnist(y, num_clients, arrays.num_classes, rng)
     else:  # "natural" needs per-user data; validated in the config
         raise ValueError(f"partition {part.kind} does not apply to array datasets")
+    if samples_per_client is not None:
+        owner = partition.cap_rows(owner, samples_per_client, rng)
 
     x_raw, true_cluster = arrays.x, None
     if part.planted is not None:
@@ -125,12 +129,22 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
     arrays = load_arrays(config.dataset, config.data_dir, config.download)
     return partition_arrays(
         arrays, part, config.clients, test_fraction_of(config, part),
-        normalization_of(config, part), seed,
+        normalization_of(config, part), seed, config.samples_per_client,
     )
 
 
-DATA_FIELDS = ("dataset", "data_dir", "partition", "clients", "test_fraction", "normalize",
-               "synthetic_alpha", "synthetic_beta")
+DATA_FIELDS = ("dataset", "data_dir", "partition", "clients", "samples_per_client",
+               "test_fraction", "normalize", "synthetic_alpha", "synthetic_beta")
+
+
+def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None
+                   ) -> tuple[RunConfig, Optional[FederatedDataset]]:
+    """`config` with its number of clients, and its dataset when that had to be loaded to
+    count them: a natural dataset (leaf) given no `clients` uses all its users."""
+    if config.clients is not None:
+        return config, None
+    dataset = load_dataset(config, cache_dir)
+    return config.replace(clients=dataset.num_clients), dataset
 
 
 def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None) -> FederatedDataset:

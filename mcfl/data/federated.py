@@ -231,9 +231,16 @@ def from_splits(
         y = np.asarray(y)
         if y.size and (y.min() < 0 or y.max() >= num_classes):
             raise DataError(
-                f"{split} labels must lie in [0, {num_classes}), got [{y.min()}, {y.max()}]"
+                f"{name}: {split} labels must lie in [0, {num_classes}), got "
+                f"[{y.min()}, {y.max()}]"
             )
         x = x if isinstance(x, jax.Array) else np.asarray(x)  # device rows stay where they are
+        if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) and x.size:
+            finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+            if not finite.all():
+                row = int(np.flatnonzero(~finite)[0])
+                raise DataError(f"{name}: {split} row {row} (client {int(owner[row])}) holds "
+                                "NaN or infinity; features must be finite numbers")
         counts = np.bincount(owner, minlength=num_clients).astype(np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         if owner.size and not np.all(owner[1:] >= owner[:-1]):

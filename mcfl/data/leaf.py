@@ -66,6 +66,7 @@ class _Reader:
 
     root: Path
     image_size: int
+    num_classes: Optional[int] = None
     feature_shape: Optional[tuple[int, ...]] = None
     first_block: str = ""
     image_dir: Optional[Path] = None
@@ -91,6 +92,9 @@ class _Reader:
         if count == 0:
             return None
         y = _labels(ys, where)
+        if self.num_classes is not None and y.max() >= self.num_classes:
+            raise DataError(f"label {int(y.max())} of {where} is out of range: this dataset "
+                            f"has {self.num_classes} classes (0 to {self.num_classes - 1})")
         x = self._images(xs, where) if xs and isinstance(xs[0], str) else _features(xs, where)
         self._check_shape(x, where)
         return x, y
@@ -126,12 +130,12 @@ def load_leaf(
     defaults to the largest label + 1. Image rows (CelebA) are resized to `image_size` squared
     RGB, float32 in [0, 1].
     """
-    root = Path(data_dir)
+    root = Path(data_dir).expanduser()
     if not root.is_dir():
         raise DataError(f"LEAF data directory {root} does not exist")
     if num_clients is not None and num_clients < 1:
         raise DataError(f"num_clients must be at least 1, got {num_clients}")
-    reader = _Reader(root, image_size)
+    reader = _Reader(root, image_size, num_classes)
     train_files, test_files = _json_files(root / "train"), _json_files(root / "test")
     users, train = _read_train(train_files, reader, num_clients)
     chosen = users if num_clients is None else users[:num_clients]
@@ -249,9 +253,9 @@ def _listed_users(document: dict, path: Path) -> list[tuple[str, int]]:
 
 def _labels(values: list, where: str) -> np.ndarray:
     """Integer labels; LEAF CelebA stores some as booleans, read as 0/1."""
-    bad = next((v for v in values if not isinstance(v, int)), None)  # bool is an int
+    bad = next((v for v in values if not isinstance(v, int) or v < 0), None)  # bool: an int
     if bad is not None:
-        raise DataError(f"labels of {where} must be integers, got {bad!r}")
+        raise DataError(f"labels of {where} must be integers >= 0, got {bad!r}")
     return np.asarray(values, np.int64)
 
 
@@ -268,6 +272,11 @@ def _features(rows: list, where: str) -> np.ndarray:
         raise DataError(f"x of {where} must be lists of numbers") from None
     if x.ndim != 2:
         raise DataError(f"x of {where} must be lists of numbers, got shape {x.shape}")
+    finite = np.isfinite(x).all(axis=1)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite)[0])
+        raise DataError(f"x of {where} holds NaN or infinity (row {row}: "
+                        f"{x[row][~np.isfinite(x[row])][0]}); features must be finite numbers")
     return x
 
 
@@ -305,3 +314,4 @@ def _check_every_client_trains(owner_train: np.ndarray, users: list[str]) -> Non
     empty = [users[i] for i in np.flatnonzero(counts == 0)[:5]]
     if empty:
         raise DataError(f"user(s) {', '.join(map(repr, empty))} have no training rows")
+

@@ -217,6 +217,21 @@ def ditto_fmnist(
 # whose index is its true cluster id.
 
 
+def cap_rows(owner: np.ndarray, per_client: int, rng: np.random.Generator) -> np.ndarray:
+    """`owner` with at most `per_client` rows left to each client, drawn at random; the rest
+    become unused (-1). IFCA's protocol gives each client n samples (Ghosh et al., 2020)."""
+    order = rng.permutation(owner.size)
+    shuffled = owner[order]
+    by_client = np.argsort(shuffled, kind="stable")  # rows of client 0, then 1, ...
+    sorted_owner = shuffled[by_client]
+    first = np.searchsorted(sorted_owner, sorted_owner, side="left")
+    rank = np.empty(owner.size, np.int64)
+    rank[by_client] = np.arange(owner.size) - first  # the row's place among its client's
+    capped = owner.copy()
+    capped[order[(rank >= per_client) & (shuffled >= 0)]] = -1
+    return capped
+
+
 def planted_cluster_ids(num_clients: int, num_clusters: int, rng: np.random.Generator):
     """[C] true cluster ids, balanced (sizes differ by at most one), in random order."""
     if not 1 <= num_clusters <= num_clients:

@@ -23,7 +23,7 @@ import jax
 
 from mcfl import distributed
 from mcfl.config import RunConfig
-from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset
+from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError
 from mcfl.runner import _client_mesh, plan_run
 from mcfl.sweeps import tables
@@ -111,6 +111,11 @@ def sweep(
     if data_seeds is not None:
         data_seeds = parse_seeds(list(data_seeds) if not isinstance(data_seeds, str)
                                  else data_seeds)
+    if config.clients is None:  # a natural dataset (leaf): all its users
+        if dataset is not None:
+            config = config.replace(clients=dataset.num_clients)
+        else:
+            config, _ = with_all_users(config, cache_dir)
     members = expand(config, seeds, grid, data_seeds)
     groups = group(members)
     spec = {"config": config.to_dict(), "seeds": list(seeds), "grid":
