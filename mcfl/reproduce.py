@@ -45,7 +45,7 @@ class Table:
     cost: str  # of the full form, measured or estimated (say which)
     quick: dict[str, Any]  # config changes of the quick form
     quick_seeds: int
-    quick_note: str  # what the quick form reduces
+    quick_note: str  # what the quick form reduces (besides its seeds, `quick_seeds`)
     quick_cost: str
     config_file: str  # experiments/ file holding the base setting
     # Cells the paper ranks, best first (checked against mcfl's means in table.md), and what
@@ -91,6 +91,18 @@ _TABLE4_CELLS = tuple(Cell(f"{name}, {shift}", {**changes, **shift_changes}, pap
                       for name, (changes, paper) in _TABLE4_PAPER.items()
                       for i, (shift, shift_changes) in enumerate(_SHIFTS))
 
+# FlexCFL Sec. 5.1 and Table II, FashionMNIST: 500 clients of 5 classes each (the Ditto
+# recipe), per-pixel standardisation, the CNN conv32-pool-conv64-pool-fc1024 (3,274,634
+# parameters), lr 0.005, K = 5, and the Synthetic rows' protocol otherwise.
+_FLEXCFL_FMNIST = dict(dataset="fmnist", partition="ditto-fmnist", clients=500,
+                       model="cnn-fmnist", rounds=300, clients_per_round=20, local_epochs=10,
+                       batch_size=10, lr=0.005, clusters=5, eval_every=10, seed=2077,
+                       score="paper", embed_clients=0)
+_TABLE3_FMNIST_PAPER = {"FedAvg": 89.2, "FedProx (mu 1)": 89.1, "IFCA": 90.9, "FeSEM": 81.3,
+                        "RCC": 91.2, "RAC": 85.0, "FlexCFL": 92.6, "FlexCFL eta_g 0.1": 92.4}
+_TABLE3_FMNIST_CELLS = tuple(Cell(c.label, c.changes, _TABLE3_FMNIST_PAPER[c.label])
+                             for c in _TABLE3_CELLS)
+
 # IFCA (Ghosh et al., 2020) Sec. 5.1, rotated MNIST: 4 clusters of clients whose images are
 # rotated by 0/90/180/270 degrees, MLP 784-200-10, every client every round, 10 full-batch
 # gradient steps a round at lr 0.1, 300 rounds. Here on Fashion-MNIST: 1,200 clients share its
@@ -117,7 +129,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           _FLEXCFL_SYNTHETIC, _TABLE3_CELLS, seeds=3,
           cost="10 min on 2 CPU cores (measured 2026-11-23: 610 s)",
           quick={"rounds": 60}, quick_seeds=2,
-          quick_note="60 rounds instead of 300, 2 seeds instead of 3",
+          quick_note="60 rounds instead of 300",
           quick_cost="2 min on 2 CPU cores (measured 2026-11-23: 124 s)",
           config_file="experiments/flexcfl_table3_synthetic.toml"),
     Table("flexcfl-table4-synthetic",
@@ -128,9 +140,20 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           cost="23 min on 2 CPU cores (measured 2026-11-23: 1,398 s)",
           quick={"rounds": 60, "shift_interval": 10}, quick_seeds=1,
           quick_note="60 rounds instead of 300 (incremental: 25% more data every 10 rounds "
-          "instead of 50), 1 seed instead of 3",
+          "instead of 50)",
           quick_cost="3.5 min on 2 CPU cores (measured 2026-11-23: 204 s)",
           config_file="experiments/flexcfl_table3_synthetic.toml"),
+    Table("flexcfl-table3-fmnist",
+          "FlexCFL Table III, FashionMNIST-CNN (no shift)",
+          "Duan et al., Flexible Clustered Federated Learning, Table III",
+          _FLEXCFL_FMNIST, _TABLE3_FMNIST_CELLS, seeds=3,
+          cost="estimated 24 h on 2 CPU cores (a round of 20 clients x 120 CNN steps: about "
+          "12 s, from BENCHMARKS.md; 8 cells x 3 seeds x 300 rounds)",
+          quick={"rounds": 60, "local_epochs": 2}, quick_seeds=1,
+          quick_note="the reduced protocol: 60 rounds instead of 300, E = 2 local epochs "
+          "instead of 10",
+          quick_cost="estimated 30 to 60 min on 2 CPU cores (not under 10 min: the CNN)",
+          config_file="experiments/flexcfl_table3_fmnist.toml"),
     Table("ifca-rotated",
           "IFCA's rotated-image protocol on Fashion-MNIST (4 rotations, MLP 784-200-10)",
           "Ghosh et al., An Efficient Framework for Clustered Federated Learning, Sec. 5.1 "
@@ -140,8 +163,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           quick={"clients": 400, "samples_per_client": 50, "rounds": 30, "eval_every": 5},
           quick_seeds=1,
           quick_note="400 clients of 50 images each instead of 1,200 of about 58, 30 rounds "
-          "instead of 300, 1 seed instead of 3",
-          quick_cost="5 min on 2 CPU cores",
+          "instead of 300",
+          quick_cost="8 min on 2 CPU cores (measured 2026-11-24: 463 s)",
           config_file="experiments/ifca_rotated_fmnist.toml",
           ordering=("IFCA", "one global model (FedAvg)", "local models"),
           claim="IFCA finds the rotations and beats one global model, which beats local "
@@ -255,7 +278,7 @@ def format_markdown(table: Table, quick: bool, base: RunConfig, seeds: list[int]
     lines = [f"# {table.title}", "",
              f"Source: {table.source}. Form: {form}. Seeds: {', '.join(map(str, seeds))} "
              f"(training: initial models, sampling, batches; every seed trains on the data "
-             f"of seed {base.seed}, the paper's).",
+             f"of seed {base.seed}).",
              f"Command: `mcfl reproduce {table.name}{' --quick' if quick else ''} "
              f"--seeds {len(seeds)}`. Wall time: {wall:.0f} s on {platform.node() or 'this'} "
              f"({platform.processor() or platform.machine()}).",

@@ -173,6 +173,42 @@ def test_cfl_bipartitions_two_planted_groups():
     assert adjusted_rand_score(planted.true_cluster, np.asarray(state.assignment)) == 1.0
 
 
+def test_cfl_relative_thresholds_are_multiples_of_the_warmup_update_norm():
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, 1200)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (1200, 8))).astype(np.float32)
+    data = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(1200, bool)),
+                            parse_partition("permuted:2"), 20, 0.2, "none", seed=0).arrays
+    model = make_model("mclr", (8,), 3)
+
+    def run(**params):
+        algorithm = build("cfl", model, _training(model), 20, 8, clusters=2, warmup=3, **params)
+        state = algorithm.init(data, jax.random.key(0))
+        step = jax.jit(algorithm.round)
+        rows = []
+        for r in range(6):
+            state, metrics = step(state, data, jax.random.key(r))
+            rows.append({k: float(v) for k, v in metrics.items()})
+        return rows
+
+    relative = run(eps1=0.0, eps2=0.0)  # never splits: mean_norm < 0 is never true
+    # The scale: the mean over the 3 warm-up rounds of the mean client update norm (FlexCFL's
+    # discrepancy is that mean norm), then fixed.
+    scale = np.mean([row["discrepancy"] for row in relative[:3]])
+    assert relative[2]["update_scale"] == pytest.approx(scale, rel=1e-5)
+    assert relative[5]["update_scale"] == relative[2]["update_scale"]
+    # The split test in units of the scale, against a hand computation in absolute units:
+    # thresholds just around what round 4 saw split there in one form iff in the other.
+    seen_mean = relative[3]["split_mean_norm"]
+    seen_max = relative[3]["split_max_norm"]
+    eps1, eps2 = seen_mean * 1.01, seen_max * 0.99
+    rel = run(eps1=eps1, eps2=eps2)
+    absolute = run(eps1=eps1 * scale, eps2=eps2 * scale, thresholds="absolute")
+    assert [r["num_clusters"] for r in rel][2:5] == [1, 2, 2]  # the split at round 4
+    assert [r["num_clusters"] for r in rel] == [r["num_clusters"] for r in absolute]
+    assert run(eps1=seen_mean * 0.99, eps2=eps2)[3]["num_clusters"] == 1
+
+
 @pytest.mark.parametrize("name", ["fesem", "ifca"])
 def test_no_recompile_when_clusters_empty_or_resize(planted, name):
     data = planted.arrays

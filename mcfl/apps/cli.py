@@ -344,7 +344,8 @@ def cmd_reproduce(args) -> int:
     if args.list:
         for table in reproduce.TABLES.values():
             print(f"{table.name}\n    {table.title}\n    full ({table.seeds} seeds): "
-                  f"{table.cost}\n    --quick ({table.quick_note}): {table.quick_cost}")
+                  f"{table.cost}\n    --quick ({table.quick_note}; {table.quick_seeds} "
+                  f"seed{'s' if table.quick_seeds > 1 else ''}): {table.quick_cost}")
         return 0
     if args.name is None:
         raise ConfigError("name a table to reproduce; allowed: "
