@@ -303,8 +303,9 @@ def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv + ["--seed", "1"]) == 2
     err = capsys.readouterr().err
-    assert "already holds a run (summary.json, rounds.csv, clients.csv, curves.png); pass " \
-        "--overwrite to replace it" in err and err.count("\n") == 1
+    assert "already holds a run (summary.json, rounds.csv, clients.csv, curves.png, " \
+        "checkpoints); pass --overwrite to replace it (or --resume it)" in err
+    assert err.count("\n") == 1
     assert (out / "summary.json").read_text() == before  # nothing lost
     (out / "notes.txt").write_text("mine")
     assert main(argv + ["--seed", "1", "--overwrite"]) == 0
