@@ -220,6 +220,31 @@ def test_communication_hand_count_and_compare(tmp_path, capsys):
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert main(["compare", "--runs", str(tmp_path)]) == 2  # not a run folder
     assert "summary.json is missing" in capsys.readouterr().err
+    # two folders of the same name and algorithm: both shown, by path
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "again" / "a")
+    assert main(["compare", "--runs", str(tmp_path / "a"), str(tmp_path / "again" / "a"),
+                 "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "a (fedavg)" in table and f"{tmp_path / 'again' / 'a'} (fedavg)" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--cache-dir", "{file}"], "--cache-dir '{file}' is a file; name a folder"),
+    (["data", "plot", "--out", "x.txt"], "--out 'x.txt' must end in one of .png, .pdf"),
+    (["compare", "--runs", "r", "--out", "c.txt"], "--out 'c.txt' must end in one of"),
+    (["demo", "--rounds", "0"], "rounds must be an integer >= 1, got 0"),
+    (["demo", "--clients", "0"], "clients must be an integer >= 1, got 0"),
+])
+def test_bad_paths_and_counts_are_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    argv = [a.replace("{file}", str(afile)) for a in argv]
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.replace("{file}", str(afile)) in err and err.count("\n") == 1, err
 
 
 def test_dataset_passed_must_match_the_config():

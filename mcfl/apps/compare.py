@@ -102,12 +102,13 @@ def _best(summary: dict[str, Any]):
 
 
 def format_table(runs: dict[str, tuple[dict, list]]) -> str:
-    head = (f"{'run':<32} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} {'acc macro':>9} "
+    width = max([32, *map(len, runs)])  # whole labels: two runs may differ only in their path
+    head = (f"{'run':<{width}} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} {'acc macro':>9} "
             f"{'ARI':>5} {'params sent':>12} {'s/round':>8}")
     lines = [head, "-" * len(head)]
     for label, (s, _) in runs.items():
         lines.append(
-            f"{label[:32]:<32} {s.get('rounds_completed', 0):>6} "
+            f"{label:<{width}} {s.get('rounds_completed', 0):>6} "
             f"{_number(s.get('final_accuracy_micro'), '.4f'):>9} "
             f"{_number(s.get('final_accuracy_micro_std'), '.4f'):>6} "
             f"{_number(_best(s), '.4f'):>6} "
