@@ -197,10 +197,19 @@ class RunPlan(NamedTuple):
     eval_block: int  # ... in evaluation
 
 
+def seed_key(seed: int) -> jax.Array:
+    """The PRNG key of a seed in [0, 2^63 - 1]. ``jax.random.key`` keeps only 32 bits without
+    x64 (``key(2**40)`` is ``key(0)``), so a seed's upper bits are folded in: seeds below 2^32
+    keep their plain key, and distinct seeds never share one."""
+    key = jax.random.key(seed & 0xFFFFFFFF)
+    high = seed >> 32
+    return key if high == 0 else jax.random.fold_in(key, high)
+
+
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
     """(initialisation key, rounds key) of a run with `seed`; round r uses
     ``fold_in(rounds_key, r)``."""
-    init_key, rounds_key = jax.random.split(jax.random.key(seed))
+    init_key, rounds_key = jax.random.split(seed_key(seed))
     return init_key, rounds_key
 
 

@@ -161,6 +161,18 @@ def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypa
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
 
 
+def test_seeds_beyond_32_bits_get_keys_of_their_own():
+    import jax
+    import numpy as np
+
+    from mcfl.runner import seed_key
+
+    data = [tuple(np.asarray(jax.random.key_data(seed_key(s)))) for s in
+            (0, 1, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63 - 2**32)]
+    assert len(set(data)) == len(data)  # jax.random.key alone gives key(2**40) == key(0)
+    assert data[1] == tuple(np.asarray(jax.random.key_data(jax.random.key(1))))  # unchanged
+
+
 def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
     config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
     text = mcfl.runner._divergence(config, {"round": 1, "train_loss": float("inf"),

@@ -103,8 +103,8 @@ def _best(summary: dict[str, Any]):
 
 def format_table(runs: dict[str, tuple[dict, list]]) -> str:
     width = max([32, *map(len, runs)])  # whole labels: two runs may differ only in their path
-    head = (f"{'run':<{width}} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} {'acc macro':>9} "
-            f"{'ARI':>5} {'params sent':>12} {'s/round':>8}")
+    head = (f"{'run':<{width}} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} "
+            f"{'acc macro':>9} {'ARI':>5} {'params sent':>12} {'s/round':>8}")
     lines = [head, "-" * len(head)]
     for label, (s, _) in runs.items():
         lines.append(
