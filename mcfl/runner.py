@@ -26,7 +26,7 @@ import numpy as np
 from mcfl import distributed, engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
 from mcfl.algorithms.base import scan_rounds
-from mcfl.checkpoint import StopRequests
+from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError, TrainingDivergedError
@@ -125,8 +125,6 @@ def run(
         config, out_dir = _resumed_config(config, Path(resume), out_dir)
     elif config is None:
         raise ConfigError("run() needs a config, or resume=RUN_DIR to continue a stopped run")
-    from mcfl.checkpoint import check_every
-
     check_every(checkpoint_every)
     mesh = _client_mesh(config.devices)
     if out_dir is not None and distributed.is_leader() and resume is None:
@@ -135,8 +133,6 @@ def run(
         prepare_folder(Path(out_dir), overwrite)
     checkpoints = None
     if out_dir is not None and distributed.process_count() == 1:
-        from mcfl.checkpoint import Checkpoints
-
         checkpoints = Checkpoints(Path(out_dir), checkpoint_every)
     started = time.perf_counter()
     # Built outside the mesh: each process builds the same data from the config and seed
