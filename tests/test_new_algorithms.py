@@ -17,7 +17,7 @@ from scipy.stats import trim_mean
 
 from mcfl.algorithms.clustered import ClusterState, flat_models
 from mcfl.algorithms.matching import align, permute_units
-from mcfl.clustering import masked_statistic, trimmed_kmeans
+from mcfl.clustering import masked_statistic, segment_statistic, trimmed_kmeans
 from mcfl.clustering.robust import trimmed_seeds
 from mcfl.engine import LocalTraining
 from mcfl.evaluation import aggregate
@@ -37,6 +37,14 @@ def test_masked_median_and_trimmed_mean_match_numpy_and_scipy():
     np.testing.assert_allclose(trimmed, trim_mean(x[mask], 0.25, axis=0), rtol=1e-5)
     empty, m = masked_statistic(jnp.asarray(x), jnp.zeros(11, bool), "median")
     assert int(m) == 0 and np.all(np.asarray(empty) == 0)
+    # Untrimmed means of segments (trimmed k-means' centers) take a sort-free path: the same
+    # values, an empty segment at 0, rows of segment K (trimmed) in none.
+    segments = np.array([0, 3, 0, 2, 2, 3, 0, 2, 3, 0, 2])
+    means, counts = segment_statistic(jnp.asarray(x), jnp.asarray(segments), 3, "trimmed_mean")
+    np.testing.assert_array_equal(counts, [4, 0, 4])
+    for k in range(3):
+        want = x[segments == k].mean(0) if (segments == k).any() else np.zeros(4)
+        np.testing.assert_allclose(means[k], want, rtol=1e-5, atol=1e-7)
 
 
 def test_trimmed_kmeans_matches_a_numpy_loop_and_trims_the_outliers():

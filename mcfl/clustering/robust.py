@@ -36,7 +36,18 @@ def masked_statistic(x: jax.Array, mask: jax.Array, method: str, trim: float = 0
 
 def segment_statistic(x: jax.Array, segments: jax.Array, num_segments: int, method: str,
                       trim: float = 0.0):
-    """[K, d] `masked_statistic` of each segment's rows, and [K] their counts."""
+    """[K, d] `masked_statistic` of each segment's rows, and [K] their counts (rows of a
+    segment outside [0, K) count in none)."""
+    if method == "trimmed_mean" and trim == 0:
+        # Nothing trimmed: the plain mean, by one segment sum instead of K sorts of all the
+        # rows (trimmed k-means' centers on 200 MLP models: 606 s -> seconds, 2 cores).
+        inside = (segments >= 0) & (segments < num_segments)
+        ids = jnp.where(inside, segments, num_segments)
+        sums = jax.ops.segment_sum(x, ids, num_segments + 1)[:num_segments]
+        counts = jax.ops.segment_sum(inside.astype(jnp.int32), ids,
+                                     num_segments + 1)[:num_segments]
+        means = sums / jnp.maximum(counts, 1)[:, None].astype(x.dtype)
+        return jnp.where((counts > 0)[:, None], means, 0.0), counts
     return jax.vmap(lambda k: masked_statistic(x, segments == k, method, trim))(
         jnp.arange(num_segments))
 
