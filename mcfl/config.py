@@ -27,10 +27,11 @@ DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:N
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
 OPTIMIZERS = ("sgd", "momentum", "adam")
-MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
+MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf", "cnn-celeba")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 SCORES = ("mcfl", "paper")
+CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.schedule.SCHEDULES
 DEFAULT_CLIENTS = 100
 
 
@@ -75,7 +76,8 @@ class RunConfig:
         None, "split datasets: keep at most this many rows (train + test) of each client, "
         "drawn at random (IFCA's n); default all", minimum=1)
     test_fraction: Optional[float] = setting(
-        None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2)",
+        None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2; "
+        "leaf: its own test files, unless given: then each user's rows are split again)",
         above=0, below=1)
     normalize: Optional[str] = setting(None, "scale | standardize | none (default: the "
                                        "partition recipe's)", choices=NORMALIZATIONS)
@@ -83,7 +85,8 @@ class RunConfig:
                                      "differ", minimum=0)
     synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta): how much local inputs differ",
                                     minimum=0)
-    model: str = setting("mclr", "mclr | mlp | cnn-fmnist | cnn-leaf", choices=MODELS)
+    model: str = setting("mclr", "mclr | mlp | cnn-fmnist | cnn-leaf | cnn-celeba",
+                         choices=MODELS)
     hidden: tuple[int, ...] = setting((200, 200), "MLP hidden widths, e.g. 200,200")
     conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, fast on "
                         "CPU) | xla (flax Conv) | auto (matmul on CPU, xla on GPU / TPU)",
@@ -101,6 +104,10 @@ class RunConfig:
     clients_per_round: Optional[Union[int, float]] = setting(
         None, "clients sampled per round: a count (20) or a fraction (0.1); default "
         "min(20, clients)")
+    client_sampling: str = setting(
+        "random", "which clients train each round: random (S distinct at random) | "
+        "round_robin_first (the first ceil(C/S) rounds go through every client once, in a "
+        "random order, then random: the FlexCFL authors' code)", choices=CLIENT_SAMPLINGS)
     clusters: int = setting(4, "K: FeSEM centers, IFCA models, FedGroup groups, CFL's most "
                             "clusters (clustered algorithms)", minimum=1)
     shift: str = setting("none", "client-level distribution shift: none | swap_all | swap_part "
@@ -253,8 +260,6 @@ def _validate_data(c: RunConfig) -> None:
     if c.samples_per_client is not None and c.dataset in ("synthetic", "leaf"):
         raise ConfigError(f"samples_per_client applies to datasets split over clients, not "
                           f"{c.dataset!r} (its users bring their own rows)")
-    if c.dataset == "leaf" and c.test_fraction is not None:
-        raise ConfigError("leaf data brings its own test files; test_fraction does not apply")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

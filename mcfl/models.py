@@ -6,6 +6,7 @@ Parameter counts (pinned in tests/test_models.py):
 - ``cnn-fmnist`` (FlexCFL's FashionMNIST CNN, conv32-pool-conv64-pool-fc1024): 3,274,634
   ("3.27 M", FlexCFL Table II).
 - ``cnn-leaf`` (LEAF FEMNIST CNN, 62 classes): 6,603,710.
+- ``cnn-celeba`` (LEAF CelebA CNN without batch normalisation, 84 x 84 x 3, 2 classes): 30,946.
 """
 
 from __future__ import annotations
@@ -83,6 +84,16 @@ def max_pool_2x2(x: jax.Array) -> jax.Array:
     return jnp.max(x.reshape(b, h // 2, 2, w // 2, 2, c), axis=(2, 4))
 
 
+def max_pool_2x2_same(x: jax.Array) -> jax.Array:
+    """2x2 max-pool with stride 2 and 'SAME' padding of [B, H, W, C]: an odd side gets one row
+    or column of -inf at its end first (as ``flax.linen.max_pool(..., padding="SAME")``), so
+    21 -> 11."""
+    _, h, w, _ = x.shape
+    if h % 2 or w % 2:
+        x = jnp.pad(x, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), constant_values=-jnp.inf)
+    return max_pool_2x2(x)
+
+
 CONV_IMPLEMENTATIONS = ("auto", "matmul", "xla")  # as config.CONVS
 
 
@@ -138,6 +149,34 @@ class ConvNet(nn.Module):
         return self.head(self.Dense_0(self.trunk(x)))
 
 
+class CelebaConvNet(nn.Module):
+    """LEAF's CelebA CNN (Caldas et al., 2018): four blocks of a 3x3 'same' convolution with 32
+    filters, a 2x2 max-pool ('SAME': 84 -> 42 -> 21 -> 11 -> 6) and ReLU, then one dense layer.
+
+    LEAF's blocks also hold a batch normalisation that it runs in training mode at test time
+    too, so a client's test accuracy would depend on how its test rows are batched; mcfl leaves
+    it out. `conv` as in `ConvNet`.
+    """
+
+    num_classes: int
+    image_shape: tuple[int, int, int] = (84, 84, 3)
+    width: int = 32
+    blocks: int = 4
+    conv: str = "matmul"
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0],) + tuple(self.image_shape))
+        for i in range(self.blocks):
+            if self.conv == "matmul":
+                x = max_pool_2x2_same(PatchConv(self.width, (3, 3), name=f"Conv_{i}")(x))
+            else:
+                x = nn.Conv(self.width, kernel_size=(3, 3), padding="SAME", name=f"Conv_{i}")(x)
+                x = nn.max_pool(x, window_shape=(2, 2), strides=(2, 2), padding="SAME")
+            x = nn.relu(x)
+        return nn.Dense(self.num_classes, name="Dense_0")(x.reshape((x.shape[0], -1)))
+
+
 class HiddenUnits(NamedTuple):
     """The hidden units of layer `name` (the last axis of its kernel and its bias) and where
     the next layer reads them: axis `axis` of `reader`'s kernel, reshaped to `shape` first
@@ -160,7 +199,7 @@ class FactoredLayer(NamedTuple):
     head: Callable  # (params, z [B, out]) -> logits
 
 
-MODEL_NAMES = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf")
+MODEL_NAMES = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf", "cnn-celeba")
 
 
 class ModelSpec(NamedTuple):
@@ -244,6 +283,17 @@ def make_model(
                                            method=ConvNet.trunk),
             lambda params, z: module.apply({"params": params}, z, method=ConvNet.head),
         )
+    elif name == "cnn-celeba":
+        if conv not in CONV_IMPLEMENTATIONS:
+            raise choice_error("conv", conv, CONV_IMPLEMENTATIONS)
+        module = CelebaConvNet(num_classes, _image_shape(feature_shape), conv=resolve_conv(conv))
+        side = tuple(module.image_shape[:2])
+        for _ in range(module.blocks):
+            side = tuple(-(-s // 2) for s in side)  # 'SAME' pools round up
+        units = tuple(HiddenUnits(f"Conv_{i}", f"Conv_{i + 1}", 2)
+                      for i in range(module.blocks - 1))
+        units += (HiddenUnits(f"Conv_{module.blocks - 1}", "Dense_0", 2,
+                              side + (module.width, num_classes)),)
     else:
         raise choice_error("model", name, MODEL_NAMES)
     return ModelSpec(name, module, tuple(feature_shape), _apply_fn(module), dense_layers,

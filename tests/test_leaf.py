@@ -96,6 +96,24 @@ def test_num_clients_keeps_the_first_users_and_only_their_rows(tmp_path):
     assert ds.arrays.x_test.shape == (3, DIM)
 
 
+def test_test_fraction_pools_each_users_rows_and_splits_them_again(tmp_path):
+    """FeSEM's 80 / 20 per device: each user keeps exactly its rows of both files, floor(0.8 m)
+    of them for training; another seed draws another split."""
+    root = _write_leaf(tmp_path)
+    ds = load_leaf(root, test_fraction=0.2, seed=0)
+    # w9: 5 train + 2 test rows -> 5 / 2; w1: 5 + 1 -> 4 / 2; w5: 1 + 2 -> 2 / 1
+    np.testing.assert_array_equal(ds.train_counts(), [5, 4, 2])
+    np.testing.assert_array_equal(ds.test_counts(), [2, 2, 1])
+    for client, user in enumerate(ORDER):
+        pooled = np.concatenate([_expected(TRAIN, user)[0], _expected(TEST, user)[0]])
+        got = np.concatenate([_client_rows(ds, "train", client)[0],
+                              _client_rows(ds, "test", client)[0]])
+        assert sorted(map(tuple, got)) == sorted(map(tuple, pooled))
+    splits = {tuple(_client_rows(load_leaf(root, test_fraction=0.2, seed=s), "test", 0)[0][:, 0])
+              for s in range(6)}
+    assert len(splits) > 1
+
+
 def test_more_clients_than_users_is_an_error(tmp_path):
     with pytest.raises(DataError, match="asked for 4 clients.*only 3 users"):
         load_leaf(_write_leaf(tmp_path), num_clients=4)

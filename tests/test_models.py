@@ -15,6 +15,9 @@ from mcfl.models import count_params, make_model
         ("mlp", (784,), 10, (128,), 101_770),  # FlexCFL's MNIST MLP 784-128-10
         ("cnn-fmnist", (784,), 10, (), 3_274_634),  # FlexCFL Table II: 3.27 M
         ("cnn-leaf", (28, 28), 62, (), 6_603_710),  # LEAF FEMNIST CNN
+        # LEAF CelebA CNN without batch norm: 3 * 9 * 32 + 32 + 3 * (9 * 32 * 32 + 32)
+        # + 6 * 6 * 32 * 2 + 2 (84 -> 42 -> 21 -> 11 -> 6)
+        ("cnn-celeba", (84, 84, 3), 2, (), 30_946),
     ],
 )
 def test_parameter_counts(name, features, classes, hidden, expected):
@@ -61,6 +64,12 @@ def test_matmul_convolutions_equal_flax_conv_in_values_and_gradients():
     g_fast, g_flax = (jax.grad(lambda p, m=m: loss(m, p))(params) for m in (fast, flax_conv))
     for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_flax)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+    # LEAF's CelebA CNN: odd sides pool with 'SAME' padding (13 -> 7 -> 4 -> 2 -> 1) alike.
+    fast, flax_conv = (make_model("cnn-celeba", (13, 13, 3), 2, conv=c) for c in ("matmul", "xla"))
+    params = fast.init(jax.random.key(2))
+    images = jax.random.normal(jax.random.key(3), (4, 13, 13, 3))
+    np.testing.assert_allclose(fast.apply(params, images), flax_conv.apply(params, images),
+                               atol=1e-5)
     # One 3 x 3 convolution by hand: a single 1 in the image copies the flipped kernel.
     image = jnp.zeros((1, 5, 5, 1)).at[0, 2, 2, 0].set(1.0)
     kernel = jnp.arange(9.0).reshape(3, 3, 1, 1)

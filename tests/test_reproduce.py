@@ -27,26 +27,35 @@ def test_paper_score_counts_only_rounds_with_every_client_in_a_group():
 
 
 def test_every_table_and_cell_is_a_valid_config():
+    root = Path(__file__).resolve().parent.parent
     for name in reproduce.names():
         table = reproduce.get(name)
         for quick in (False, True):
             base = reproduce.base_config(table, quick)
-            cells = reproduce.cell_configs(table, base)
-            assert len(cells) == len(table.cells)
-        # a table compares with the paper's values, or with the ordering it claims
-        assert any(c.paper is not None for c in table.cells) or table.ordering
-        assert set(table.ordering) <= {c.label for c in table.cells}
-        root = Path(__file__).resolve().parent.parent
-        assert load_file(root / table.config_file) == {**reproduce.get(name).base}
+            cells = reproduce.cell_configs(table, base, quick)
+            assert len(cells) == len(table.cells_of(quick))
+            form = table.form(quick)
+            # a table compares with the paper's values, or with the ordering it claims
+            assert any(v is not None for c in table.cells_of(quick)
+                       for v in c.paper_values(len(table.metrics))) or form.orderings
+            labels = {c.label for c in table.cells_of(quick)}
+            assert all(set(chain) <= labels for chain in form.orderings)
+        # the experiments/ files a user reads hold the table's settings
+        for path, settings in table.config_files:
+            assert load_file(root / path) == settings, path
     table3 = reproduce.get("flexcfl-table3-synthetic")
     base = reproduce.base_config(table3, quick=False)
     assert (base.clients, base.rounds, base.local_epochs, base.clusters, base.lr) == (
         100, 300, 10, 5, 0.01)
     labels = [c.label for c in table3.cells]
     assert labels[:4] == ["FedAvg", "FedProx (mu 1)", "IFCA", "FeSEM"]
-    # the experiments/ file a user reads is the table's base setting
-    root = Path(__file__).resolve().parent.parent
-    assert load_file(root / table3.config_file) == table3.base
+    fmnist = reproduce.base_config(reproduce.get("flexcfl-table3-fmnist"), quick=True)
+    assert fmnist.client_sampling == "round_robin_first"
+    assert fmnist.rounds >= 2 * 500 // 20  # the paper's rule scores only after the first pass
+    fesem = reproduce.get("fesem-table1")
+    assert len(fesem.cells) == 28 and len(fesem.metrics) == 4
+    femnist_fedavg = next(c for c in fesem.cells if c.label == "FEMNIST FedAvg")
+    assert femnist_fedavg.paper == (84.9, 67.9, 84.9, 45.4)
     with pytest.raises(ConfigError, match="unknown table 'nope'"):
         reproduce.get("nope")
 
@@ -98,3 +107,69 @@ def test_cli_list_and_bad_names(capsys):
     assert "unknown table 'nope'; allowed: flexcfl-table3-synthetic" in capsys.readouterr().err
     assert main(["reproduce"]) == 2
     assert main(["reproduce", "flexcfl-table3-synthetic", "--seeds", "0"]) == 2
+
+
+def _write_leaf_part(folder, users: dict) -> None:
+    """LEAF JSON train / test files of `users` ({name: (x rows, labels)}), 4 rows of each
+    user in train and 1 in test."""
+    for split, rows in (("train", slice(0, 4)), ("test", slice(4, 5))):
+        (folder / split).mkdir(parents=True)
+        doc = {"users": list(users), "num_samples": [len(y[rows]) for _, y in users.values()],
+               "user_data": {u: {"x": x[rows], "y": y[rows]} for u, (x, y) in users.items()}}
+        (folder / split / "part.json").write_text(json.dumps(doc))
+
+
+def test_fesem_table1_reads_both_leaf_parts_and_reports_four_metrics(tmp_path, capsys):
+    """The full form on tiny LEAF folders (FEMNIST-like rows, CelebA-like image files): every
+    cell reads its part's folder (its own model), and is scored on the last round's micro /
+    macro accuracy and F1 beside the paper's four values (one seed here; the spread over
+    seeds is checked on the Synthetic table above)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    leaf = tmp_path / "leaf" / "data"
+    _write_leaf_part(leaf / "femnist" / "data", {
+        f"f{u}": (rng.random((5, 784)).round(2).tolist(), [int(v) for v in rng.integers(0, 62, 5)])
+        for u in range(3)})
+    images = leaf / "celeba" / "data" / "raw" / "img_align_celeba"
+    images.mkdir(parents=True)
+    people = {}
+    for u in range(3):
+        names = [f"{u}_{i}.png" for i in range(5)]
+        for name in names:
+            Image.new("RGB", (6, 6), tuple(int(v) for v in rng.integers(0, 255, 3))).save(
+                images / name)
+        people[f"c{u}"] = (names, [int(v) for v in rng.integers(0, 2, 5)])
+    _write_leaf_part(leaf / "celeba" / "data", people)
+
+    small = {"rounds": 2, "clients_per_round": 2, "eval_every": 1, "batch_size": 4}
+    with pytest.raises(ConfigError, match="fesem-table1 reads LEAF's data folder.*--data-dir"):
+        reproduce.run_table("fesem-table1", tmp_path / "x", overrides=small)
+    with pytest.raises(ConfigError, match="unknown cell 'MNIST \\*'; allowed: FEMNIST NonFed"):
+        reproduce.run_table("fesem-table1", tmp_path / "x", overrides=small,
+                            data_dir=str(leaf), cells=["MNIST *"])
+    out = tmp_path / "t1"
+    found = reproduce.run_table("fesem-table1", out, seeds=1, overrides=small,
+                                data_dir=str(leaf), cells=["FEMNIST FeSEM(2)", "FedCelebA FedAvg"])
+    rows = found["rows"]
+    assert [r["cell"] for r in rows] == ["FEMNIST FeSEM(2)", "FedCelebA FedAvg"]
+    for r in rows:
+        assert [e["header"] for e in r["metrics"]] == ["Micro-Acc", "Micro-F1", "Macro-Acc",
+                                                        "Macro-F1"]
+        for e in r["metrics"]:
+            assert len(e["per_seed"]) == 1 and 0 <= e["mcfl_mean"] <= 100
+            assert e["difference"] == pytest.approx(e["mcfl_mean"] - e["paper"])
+    members = (out / "cells" / "femnist-fesem-2" / "members.csv").read_text()
+    assert "final_f1_macro" in members
+    assert rows[0]["metrics"][0]["paper"] == 84.8 and rows[1]["metrics"][3]["paper"] == 54.2
+    text = (out / "table.md").read_text()
+    assert "| cell | Micro-Acc | Micro-F1 | Macro-Acc | Macro-F1 |" in text
+    assert "(84.8, " in text and "FedCelebA FedAvg" in text
+    spec = json.loads((out / "reproduce.json").read_text())
+    assert spec["base"]["test_fraction"] == 0.2
+    # a part missing from --data-dir is named before anything runs
+    with pytest.raises(Exception, match="celeba/data/train, which does not exist"):
+        reproduce.run_table("fesem-table1", tmp_path / "y", overrides=small,
+                            data_dir=str(tmp_path / "leaf2"), cells=["FedCelebA FedAvg"])
+    assert main(["reproduce", "fesem-table1", "--out", str(tmp_path / "z")]) == 2
+    assert "pass --data-dir DIR" in capsys.readouterr().err

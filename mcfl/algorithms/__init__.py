@@ -87,9 +87,11 @@ def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
 def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
                     block_size: int) -> FederatedAlgorithm:
     """The config's algorithm with its hyperparameters, trained on data that shifts if the
-    config asks for it."""
+    config asks for it, on the clients its schedule names."""
+    from mcfl.schedule import with_schedule
     from mcfl.shift import with_shift
 
     context = context_of(config, model, clients_per_round, block_size)
     algorithm = get(config.algorithm).factory(context, config.params)
-    return with_shift(algorithm, config.shift, config.shift_prob, config.shift_interval)
+    shifted = with_shift(algorithm, config.shift, config.shift_prob, config.shift_interval)
+    return with_schedule(shifted, config.client_sampling, clients_per_round)

@@ -33,7 +33,7 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import RoundClients, segment_mean, segment_sums, train_and_collect
 from mcfl.errors import ConfigError
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 THRESHOLDS = ("relative", "absolute")
@@ -132,7 +132,7 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = round_clients(data, sample_key, clients_per_round)
         start = state.assignment[clients]
         trained, stats = train_and_collect(
             training, data, train_key, state.models, RoundClients(clients, start), block_size

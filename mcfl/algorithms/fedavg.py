@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.engine import LocalTraining, RoundClients, segment_mean, train_and_aggregate
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -43,7 +43,7 @@ def averaging(context: AlgorithmContext, training: LocalTraining, server_lr: flo
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, context.clients_per_round)
+        clients = round_clients(data, sample_key, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
         samples = data.train_counts[clients]
         weights = samples if size_weighted else jnp.ones_like(samples)

@@ -30,7 +30,7 @@ from mcfl.engine import (
     segment_sums,
     train_and_aggregate,
 )
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -56,7 +56,7 @@ def feddane(context: AlgorithmContext,
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, context.clients_per_round)
+        clients = round_clients(data, sample_key, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         start = stack(state.params)

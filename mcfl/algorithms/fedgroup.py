@@ -58,7 +58,7 @@ from mcfl.engine import (
     train_and_collect,
 )
 from mcfl.errors import ConfigError
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
 
 MEASURES = ("edc", "madc", "random")
@@ -225,7 +225,7 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
                 data.owners_changed | state.migration_pending,
                 lambda s: migrate(s, data, migrate_key),
                 lambda s: (s, jnp.zeros((), jnp.int32)), state)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = round_clients(data, sample_key, clients_per_round)
         current = state.assignment[clients]
         newcomer = current < 0
         joined = join(state, data, cold_key, clients, newcomer)

@@ -10,8 +10,8 @@ import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import RoundClients, gradients_and_aggregate
-from mcfl.sampling import sample_clients
+from mcfl.engine import CLIENT_ROWS_CHUNK, RoundClients, gradients_and_aggregate
+from mcfl.sampling import round_clients
 
 
 class FedSGDState(flax.struct.PyTreeNode):
@@ -22,7 +22,8 @@ class FedSGDState(flax.struct.PyTreeNode):
 @register("fedsgd", reference="McMahan et al., 2017",
           summary="each sampled client computes its full-batch gradient; the server averages "
           "them (weighted by n_i) and takes one SGD step of size --lr")
-def fedsgd(context: AlgorithmContext, params=None, chunk: int = 256) -> FederatedAlgorithm:
+def fedsgd(context: AlgorithmContext, params=None,
+           chunk: int = CLIENT_ROWS_CHUNK) -> FederatedAlgorithm:
     """FedSGD with the server optimizer ``optax.sgd(context.lr)``. Each client's gradient is
     accumulated over chunks of `chunk` rows, so any client size fits in memory."""
     del params
@@ -36,7 +37,7 @@ def fedsgd(context: AlgorithmContext, params=None, chunk: int = 256) -> Federate
         return FedSGDState(params, server_optimizer.init(params))
 
     def round_(state, data, key):
-        clients = sample_clients(key, data.num_clients, clients_per_round)
+        clients = round_clients(data, key, clients_per_round)
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         sums, weight_sums, losses = gradients_and_aggregate(

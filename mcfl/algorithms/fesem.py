@@ -37,7 +37,7 @@ from mcfl.engine import (
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -99,7 +99,7 @@ def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = round_clients(data, sample_key, clients_per_round)
         start = state.assignment[clients]
         center_features = jax.vmap(features)(state.models)
 

@@ -28,7 +28,7 @@ from mcfl.engine import (
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
 
 INITS = ("random", "kmeans++")
@@ -73,7 +73,7 @@ def ifca(context: AlgorithmContext, params: IFCAParams = IFCAParams()) -> Federa
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = round_clients(data, sample_key, clients_per_round)
         joined = identities(state.models, data, clients)
         weights = data.train_counts[clients]
         sums, weight_sums, _, stats = train_and_aggregate(

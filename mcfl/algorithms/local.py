@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 
 
 class LocalState(flax.struct.PyTreeNode):
@@ -34,7 +34,7 @@ def local(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, clients_per_round)
+        clients = round_clients(data, sample_key, clients_per_round)
         trained, stats = train_and_collect(
             training, data, train_key, state.params, RoundClients(clients, clients), block_size
         )

@@ -33,7 +33,7 @@ from mcfl.algorithms.clustered import (
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.sampling import sample_clients
+from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 AGGREGATORS = ("median", "trimmed_mean")
@@ -82,7 +82,7 @@ def robust(context: AlgorithmContext,
 
     def round_(state, data, key):
         sample_key, train_key = jax.random.split(key)
-        clients = sample_clients(sample_key, data.num_clients, context.clients_per_round)
+        clients = round_clients(data, sample_key, context.clients_per_round)
         cluster = state.assignment[clients]
         trained, stats = train_and_collect(training, data, train_key, state.models,
                                            RoundClients(clients, cluster), block_size)

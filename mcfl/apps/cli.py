@@ -343,9 +343,11 @@ def cmd_reproduce(args) -> int:
 
     if args.list:
         for table in reproduce.TABLES.values():
-            print(f"{table.name}\n    {table.title}\n    full ({table.seeds} seeds): "
-                  f"{table.cost}\n    --quick ({table.quick_note}; {table.quick_seeds} "
-                  f"seed{'s' if table.quick_seeds > 1 else ''}): {table.quick_cost}")
+            quick = table.quick
+            needs = f"; --data-dir: {table.data_layout}" if table.data_layout else ""
+            print(f"{table.name}\n    {table.title}\n    full ({table.full.seeds} seeds"
+                  f"{needs}): {table.full.cost}\n    --quick ({quick.note}; {quick.seeds} "
+                  f"seed{'s' if quick.seeds > 1 else ''}): {quick.cost}")
         return 0
     if args.name is None:
         raise ConfigError("name a table to reproduce; allowed: "
@@ -360,7 +362,7 @@ def cmd_reproduce(args) -> int:
     cells = None if args.cells is None else [c.strip() for c in args.cells.split(",")]
     reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
                         cache_dir=cache_dir_from_args(args), progress=show,
-                        overwrite=args.overwrite, cells=cells)
+                        overwrite=args.overwrite, cells=cells, data_dir=args.data_dir)
     print((out / "table.md").read_text())
     print(f"table.md, table.csv, table.png and each cell's sweep folder: {out}/")
     return 0
@@ -573,8 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_reproduce.add_argument("--out", metavar="DIR",
                              help="default runs/reproduce/NAME[-quick]")
     p_reproduce.add_argument("--cells", metavar="A,B",
-                             help="only these cells (their labels in table.md, e.g. "
-                             "FedAvg,IFCA)")
+                             help="only these cells: their labels in table.md, e.g. "
+                             "FedAvg,IFCA, or shell patterns, e.g. 'FEMNIST *'")
+    p_reproduce.add_argument("--data-dir", metavar="DIR",
+                             help="the table's data: fesem-table1 (full): LEAF's data folder "
+                             "(femnist/data, celeba/data inside); Fashion-MNIST tables: a "
+                             "folder with its IDX files (default: Debian's)")
     add_overwrite_flag(p_reproduce, "table")
     add_cache_flags(p_reproduce)
     add_compile_cache_flag(p_reproduce)

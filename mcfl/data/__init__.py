@@ -125,7 +125,8 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
         if config.data_dir is None:
             raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "
                             "folders of LEAF JSON files")
-        return load_leaf(config.data_dir, config.clients)
+        return load_leaf(config.data_dir, config.clients, test_fraction=config.test_fraction,
+                         seed=seed)
     arrays = load_arrays(config.dataset, config.data_dir, config.download)
     return partition_arrays(
         arrays, part, config.clients, test_fraction_of(config, part),
