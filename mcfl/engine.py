@@ -377,7 +377,11 @@ def by_length(one_client: Callable, length_key: str) -> Callable:
 def map_clients(block_fn: Callable, inputs: dict, lengths: jax.Array, block_size: int):
     """Per-client outputs of `block_fn` over the clients of `inputs` ([S] each), in their
     order. Clients run longest first (`lengths`: loop iterations each needs), so a block holds
-    clients of similar lengths and wastes few masked iterations."""
+    clients of similar lengths and wastes few masked iterations; blocks of one client on one
+    device waste nothing and keep their order, which spares the copy that would put the
+    outputs back (FeSEM's start on 500 CNNs: 6.5 GB)."""
+    if block_size == 1 and client_shards() == 1:
+        return map_blocks(block_fn, inputs, block_size)
     order, inverse = _sorted_by_length(lengths)
     out = map_blocks(block_fn, jax.tree.map(lambda x: x[order], inputs), block_size)
     return jax.tree.map(lambda x: x[inverse], out)
@@ -661,14 +665,25 @@ def train_and_collect(
     selection: RoundClients,
     block_size: int,
     prox_scale: jax.Array | float = 1.0,
+    features: Optional[Callable[[PyTree], jax.Array]] = None,
 ) -> tuple[PyTree, ClientStats]:
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
-    anchor), and return their trained models stacked [S, ...] in selection order."""
+    anchor), and return their trained models stacked [S, ...] in selection order; with
+    `features` (a block of models [b, ...] -> [b, f]), each block's features instead, so that
+    the models of all S clients are never held at once (FeSEM's and Robust's start: the
+    clients' flattened models, [S, d])."""
     size = selection.clients.shape[0]
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, jnp.zeros(size),
         jnp.zeros(size, jnp.int32), prox_scale, None,
     )
+    if features is not None:
+        train_block = block_fn
+
+        def block_fn(block):
+            trained, segment, stats = train_block(block)
+            return features(trained), segment, stats
+
     models, _, stats = map_clients(block_fn, inputs, inputs["steps"], block_size)
     return models, stats
 

@@ -107,6 +107,33 @@ def test_kmeans_inertia_matches_sklearn(blobs):
     np.testing.assert_array_equal(labels, cdist(blobs, centers).argmin(axis=1))
 
 
+def test_wide_points_cluster_on_their_gram_embedding_as_sklearn_does():
+    """60 'client models' of 3,000 parameters (d >= 8 n: the Gram path): a large shared start
+    plus one of 4 small cluster offsets plus noise. The embedding keeps every distance, k-means
+    finds the 4 clusters with sklearn's inertia, and the centers are the clusters' means."""
+    from mcfl.clustering.kmeans import centred_gram, gram_embedding
+
+    rng = np.random.default_rng(3)
+    truth = np.repeat(np.arange(4), 15)
+    start = rng.normal(size=3000) * 5.0
+    x = (start + rng.normal(size=(4, 3000))[truth] * 0.05
+         + rng.normal(size=(60, 3000)) * 0.02).astype(np.float32)
+    centred = x.astype(np.float64) - x.astype(np.float64).mean(0)
+    np.testing.assert_allclose(centred_gram(x, chunk=512), centred @ centred.T,  # 5 chunks + 440
+                               rtol=1e-4, atol=1e-2)
+    y = np.asarray(jax.jit(gram_embedding)(x))
+    assert y.shape == (60, 60)
+    np.testing.assert_allclose(cdist(y, y) ** 2, cdist(x, x) ** 2, rtol=1e-3, atol=2e-2)
+    ours = KMEANS(jax.random.key(0), x, k=4, restarts=RESTARTS)
+    sk = KMeans(4, init="k-means++", n_init=RESTARTS, random_state=0).fit(x)
+    assert adjusted_rand_score(truth, np.asarray(ours.labels)) == 1.0
+    assert abs(float(ours.inertia) / sk.inertia_ - 1) < 1e-3
+    labels = np.asarray(ours.labels)
+    means = np.stack([x[labels == c].mean(0) for c in range(4)])
+    np.testing.assert_allclose(ours.centers, means, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(((x - means[labels]) ** 2).sum(), ours.inertia, rtol=1e-3)
+
+
 def test_weighted_kmeans_matches_sklearn_sample_weight_and_point_repetition(blobs):
     rng = np.random.default_rng(1)
     weights = rng.integers(1, 4, size=500).astype(np.float32)

@@ -71,6 +71,12 @@ def flat_models(models) -> jax.Array:
     return stacked_features(models, last_layer=False)
 
 
+def unravel_rows(flat: jax.Array, like) -> object:
+    """[n, d] flattened models back to a stacked tree [n, ...] shaped like the model `like`."""
+    _, unravel = ravel_pytree(like)
+    return jax.vmap(unravel)(flat)
+
+
 def cluster_means(models, labels: jax.Array, num_clusters: int, weights=None):
     """[K, ...] (weighted) mean of the stacked `models` [n, ...] in each cluster of `labels`;
     an empty cluster gets zeros."""

@@ -20,7 +20,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.clustered import (
@@ -29,6 +28,7 @@ from mcfl.algorithms.clustered import (
     clustered_algorithm,
     flat_models,
     reassign,
+    unravel_rows,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
@@ -64,20 +64,19 @@ def robust(context: AlgorithmContext,
     num_clusters, block_size = context.num_clusters, context.block_size
 
     def unravel_stack(flat, like):
-        _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], like))
-        return jax.vmap(unravel)(flat)
+        return unravel_rows(flat, jax.tree.map(lambda m: m[0], like))
 
     def init(data, key):
         init_key, train_key, cluster_key = jax.random.split(key, 3)
         w0 = model.init(init_key)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+        # the clients' flattened local models [C, d], collected block by block
         local_models, _ = train_and_collect(training, data, train_key, stack(w0),
                                             RoundClients(clients, jnp.zeros_like(clients)),
-                                            block_size)
-        labels, centers, _ = trimmed_kmeans(cluster_key, flat_models(local_models),
-                                            num_clusters, params.trim, params.centroid,
-                                            params.iterations)
-        return ClusterState.create(unravel_stack(centers, local_models), labels,
+                                            block_size, features=flat_models)
+        labels, centers, _ = trimmed_kmeans(cluster_key, local_models, num_clusters,
+                                            params.trim, params.centroid, params.iterations)
+        return ClusterState.create(unravel_rows(centers, w0), labels,
                                    jnp.ones((num_clusters,), bool))
 
     def round_(state, data, key):

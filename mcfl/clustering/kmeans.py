@@ -154,6 +154,42 @@ def lloyd(
     return KMeansResult(centers, labels, jnp.sum(w * dist), n_iter)
 
 
+# Above this many dimensions per point, k-means runs on the points' Gram embedding.
+GRAM_RATIO = 8
+
+
+def centred_gram(x: jax.Array, chunk: int = 1 << 16) -> jax.Array:
+    """[n, n] Gram matrix of the rows of `x` [n, d] minus their mean, ``(X - m)(X - m)^T``,
+    accumulated over chunks of `chunk` columns so that no centred [n, d] copy is held.
+    Centring first matters: rows sharing most of their norm (client models from one start)
+    would otherwise lose their small differences to float32 rounding of the large products."""
+    n, d = x.shape
+    mean = jnp.mean(x, axis=0)  # [d]
+
+    def add(gram, lo, width):
+        part = (jax.lax.dynamic_slice_in_dim(x, lo, width, axis=1)
+                - jax.lax.dynamic_slice_in_dim(mean, lo, width))  # [n, width]
+        return gram + jnp.matmul(part, part.T, precision=HIGHEST)
+
+    full = d // chunk
+    gram = jnp.zeros((n, n), x.dtype)
+    if full:
+        gram = jax.lax.fori_loop(0, full, lambda i, g: add(g, i * chunk, chunk), gram)
+    if d % chunk:
+        gram = add(gram, full * chunk, d % chunk)
+    return gram
+
+
+def gram_embedding(x: jax.Array) -> jax.Array:
+    """[n, n] coordinates of the rows of `x` [n, d], centred, in an orthonormal basis of their
+    span: with ``(X - m)(X - m)^T = V diag(s) V^T`` (`centred_gram`), the rows of
+    ``V diag(sqrt(s))``. Every distance between rows, and between rows and weighted means of
+    rows, is that of `x` (to rounding); eigenvalues rounding leaves negative count as 0."""
+    gram = centred_gram(x)
+    s, v = jnp.linalg.eigh(0.5 * (gram + gram.T))
+    return v * jnp.sqrt(jnp.maximum(s, 0.0))[None, :]
+
+
 def kmeans(
     key: jax.Array,
     x: jax.Array,
@@ -170,11 +206,28 @@ def kmeans(
     restarts and keeps the smallest intra-cluster distance; this is the default. `k`,
     `restarts` and `max_iter` are static (``jax.jit(kmeans, static_argnames=("k", "restarts",
     "max_iter"))``).
+
+    With far fewer points than dimensions (d >= `GRAM_RATIO` n: a few hundred client CNNs of
+    millions of parameters), the runs work on `gram_embedding` (k-means only sees distances
+    and means, which it keeps): one [n, n] Gram product instead of an [n, d] x [d, K] product
+    per iteration and restart (FeSEM's start on 500 FashionMNIST CNNs: BENCHMARKS.md). The
+    tolerance is rescaled to keep its meaning (mean variance per dimension of `x`), and the
+    centers returned are the (weighted) means of the final clusters.
     """
+    n, d = x.shape
+    gram = d >= GRAM_RATIO * n
+    points = gram_embedding(x) if gram else x
+    run_tol = tol * points.shape[1] / d  # sum of variances / d, whichever the coordinates
 
     def one_run(run_key):
-        return lloyd(x, kmeans_plusplus(run_key, x, k, weights), max_iter, tol, weights)
+        return lloyd(points, kmeans_plusplus(run_key, points, k, weights), max_iter, run_tol,
+                     weights)
 
     runs = jax.vmap(one_run)(jax.random.split(key, restarts))
-    best = jnp.argmin(runs.inertia)
-    return jax.tree.map(lambda leaf: leaf[best], runs)
+    best = jax.tree.map(lambda leaf: leaf[jnp.argmin(runs.inertia)], runs)
+    if not gram:
+        return best
+    mass = _cluster_mass(best.labels, _point_weights(x, weights), k)  # [n, K]
+    total = jnp.sum(mass, axis=0)[:, None]
+    sums = jnp.matmul(mass.T, x, precision=HIGHEST)  # [K, d]
+    return best._replace(centers=sums / jnp.where(total > 0, total, 1.0))

@@ -165,6 +165,7 @@ def sweep(
                 if out is not None:
                     _write(out, result, final=False)
             info["run_seconds"] = time.perf_counter() - t0
+            info["init_seconds"] = program.init_seconds
     except BaseException as stop:
         status = "interrupted" if isinstance(stop, KeyboardInterrupt) else "error"
         raise
