@@ -241,8 +241,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           "FlexCFL Table III, Synthetic(1,1)-MCLR (no shift)",
           "Duan et al., Flexible Clustered Federated Learning, Table III",
           _FLEXCFL_SYNTHETIC, _TABLE3_CELLS,
-          full=Form({}, 3, "10 min on 2 CPU cores (measured 2026-11-23: 610 s)"),
-          quick=Form({"rounds": 60}, 2, "2 min on 2 CPU cores (measured 2026-11-23: 124 s)",
+          full=Form({}, 3, "10 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 610 s)"),
+          quick=Form({"rounds": 60}, 2, "3 min on 2 CPU cores (measured 2026-11-24: 172 s on "
+                     "an AMD EPYC, 124 s on an Intel Xeon)",
                      note="60 rounds instead of 300"),
           config_files=(("experiments/flexcfl_table3_synthetic.toml", _FLEXCFL_SYNTHETIC),)),
     Table("flexcfl-table4-synthetic",
@@ -250,9 +251,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           "(swap all / swap part / incremental)",
           "Duan et al., Flexible Clustered Federated Learning, Table IV",
           _FLEXCFL_SYNTHETIC, _TABLE4_CELLS,
-          full=Form({}, 3, "23 min on 2 CPU cores (measured 2026-11-23: 1,398 s)"),
+          full=Form({}, 3, "23 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 1,398 s)"),
           quick=Form({"rounds": 60, "shift_interval": 10}, 1,
-                     "3.5 min on 2 CPU cores (measured 2026-11-23: 204 s)",
+                     "3.5 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 204 s)",
                      note="60 rounds instead of 300 (incremental: 25% more data every 10 rounds "
                      "instead of 50)"),
           config_files=(("experiments/flexcfl_table3_synthetic.toml", _FLEXCFL_SYNTHETIC),)),
@@ -260,9 +261,10 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           "FlexCFL Table III, FashionMNIST-CNN (no shift)",
           "Duan et al., Flexible Clustered Federated Learning, Table III",
           _FLEXCFL_FMNIST, _TABLE3_FMNIST_CELLS,
-          full=Form({}, 3, "estimated 24 h on 2 CPU cores (a round of 20 clients x 120 CNN "
-                    "steps: about 12 s, from BENCHMARKS.md; 8 cells x 3 seeds x 300 rounds)"),
-          quick=Form(_FMNIST_REDUCED, 1, "about 1 hour on 2 CPU cores (estimated)",
+          full=Form({}, 3, "estimated 130 h on 2 CPU cores (the reduced table's time x 30 "
+                    "times the local steps x 3 seeds)"),
+          quick=Form(_FMNIST_REDUCED, 1, "1.5 h on 2 CPU cores (measured 2026-11-24 on an AMD "
+                     "EPYC: 5,196 s, 13.6 GB peak)",
                      note="the reduced protocol: 50 rounds instead of 300 (every client is in "
                      "a group from round 25), E = 2 local epochs instead of 10, evaluated "
                      "every 5 rounds"),
@@ -274,7 +276,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           _IFCA_ROTATED, _IFCA_CELLS,
           full=Form({}, 3, "estimated 5 h on 2 CPU cores (6 cells x 3 seeds x 300 rounds of "
                     "1,200 clients)", orderings=_IFCA_ORDERING, claim=_IFCA_CLAIM),
-          quick=Form(_IFCA_QUICK, 1, "8 min on 2 CPU cores (measured 2026-11-24: 463 s)",
+          quick=Form(_IFCA_QUICK, 1, "8 min on 2 CPU cores (measured 2026-11-24: 445 s on an "
+                     "AMD EPYC, 463 s on an Intel Xeon)",
                      note="400 clients of 50 images each instead of 1,200 of about 58, 30 "
                      "rounds instead of 300", orderings=_IFCA_ORDERING, claim=_IFCA_CLAIM),
           config_files=(("experiments/ifca_rotated_fmnist.toml", _IFCA_ROTATED),)),
@@ -289,7 +292,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
                                ("FedCelebA FeSEM(4)", "FedCelebA FedAvg")),
                     claim="FeSEM does best in most cases, and better with more clusters; "
                     "FeSEM(4) is above FedAvg on both datasets"),
-          quick=Form(_FESEM_QUICK, 2, "estimated 5 min on 2 CPU cores",
+          quick=Form(_FESEM_QUICK, 2, "4.5 min on 2 CPU cores (measured 2026-11-24 on an AMD "
+                     "EPYC: 259 s)",
                      note="offline data with planted clusters: Fashion-MNIST over 200 clients "
                      "of at most 100 images, rotated by 0/90/180/270 degrees (4 true clusters) "
                      "with Dirichlet(0.5) label skew; an MLP 784-200-10 at lr 0.05 instead of "
