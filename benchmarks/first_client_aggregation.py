@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from mcfl.algorithms import AlgorithmContext, register
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
 from mcfl.algorithms.clustered import features_fn, reassign
-from mcfl.algorithms.fesem import FeSEMParams, fesem
+from mcfl.algorithms.fesem import FeSEMParams, fesem, prox_scale
 from mcfl.algorithms.ifca import IFCAParams, ifca
 from mcfl.config import from_dict
 from mcfl.engine import RoundClients, losses_of_models, nearest_models, train_and_collect
@@ -75,10 +75,6 @@ def fesem_first_client(context: AlgorithmContext, params: FeSEMParams) -> Federa
         if trained is None:
             return None  # FeSEM's E-step comes after training
         return nearest_models(jax.vmap(features)(trained), jax.vmap(features)(state.models))
-
-    def prox_scale(data, clients):
-        counts = data.train_counts.astype(jnp.float32)
-        return jnp.mean(counts) / counts[clients]
 
     round_ = first_client_round(context, context.training._replace(mu=2.0 * params.lam),
                                 identities, prox_scale)

@@ -55,6 +55,13 @@ class FeSEMParams:
                              key="fesem_weighted")
 
 
+def prox_scale(data, clients: jax.Array) -> jax.Array:
+    """[S] each sampled client's proximal scale n_bar / n_i: Eq. 8's distance term over the
+    client's weight n_i / N in the objective, relative to a client of average size."""
+    counts = data.train_counts.astype(jnp.float32)
+    return jnp.mean(counts) / counts[clients]
+
+
 @register("fesem", FeSEMParams, clustered=True,
           reference="Xie et al., 2020 / 2023, Multi-Center FL (FeSEM)",
           summary="sampled clients train from their center with Eq. 8's proximal term; E-step: "
@@ -76,10 +83,6 @@ def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
     last_layer, weighted = params.last_layer, params.weighted
     features = features_fn(last_layer)
     local = training._replace(mu=2.0 * lam)
-
-    def prox_scale(data, clients):
-        counts = data.train_counts.astype(jnp.float32)
-        return jnp.mean(counts) / counts[clients]  # n_bar / n_i, Eq. 8 over its weight n_i/N
 
     def m_step_weights(data, clients):
         return data.train_counts[clients] if weighted else jnp.ones(clients.shape, jnp.int32)

@@ -63,9 +63,6 @@ def robust(context: AlgorithmContext,
     model, training = context.model, context.training
     num_clusters, block_size = context.num_clusters, context.block_size
 
-    def unravel_stack(flat, like):
-        return unravel_rows(flat, jax.tree.map(lambda m: m[0], like))
-
     def init(data, key):
         init_key, train_key, cluster_key = jax.random.split(key, 3)
         w0 = model.init(init_key)
@@ -90,7 +87,7 @@ def robust(context: AlgorithmContext,
                                               params.trim)
         current = flat_models(state.models)
         new = jnp.where((counts > 0)[:, None], aggregate, current)
-        models = unravel_stack(new, state.models)
+        models = unravel_rows(new, jax.tree.map(lambda m: m[0], state.models))
         assignment, sizes = reassign(state.assignment, state.sizes, clients, cluster)
         weights = data.train_counts[clients].astype(jnp.float32)
         metrics = training_metrics(weights, stats)
