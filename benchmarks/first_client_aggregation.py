@@ -21,10 +21,10 @@ import jax.numpy as jnp
 from mcfl.algorithms import AlgorithmContext, register
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
 from mcfl.algorithms.clustered import features_fn, reassign
-from mcfl.algorithms.fesem import FeSEMParams, fesem, prox_scale
-from mcfl.algorithms.ifca import IFCAParams, ifca
+from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
+from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
 from mcfl.config import from_dict
-from mcfl.engine import RoundClients, losses_of_models, nearest_models, train_and_collect
+from mcfl.engine import RoundClients, train_and_collect
 from mcfl.reproduce import get
 from mcfl.runner import PAPER_SCORE
 from mcfl.sampling import round_clients

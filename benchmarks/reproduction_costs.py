@@ -4,7 +4,7 @@ that table's own data (500 Ditto-recipe clients, the 3.27 M-parameter CNN):
     python benchmarks/reproduction_costs.py chunks 256 64 32 16   # IFCA's per-round losses
     python benchmarks/reproduction_costs.py fesem-memory           # FeSEM's start, XLA's plan
 
-`chunks`: seconds for `engine.losses_of_models` (IFCA's identity estimate: 20 sampled clients x
+`chunks`: seconds for `ifca.losses_of_models` (IFCA's identity estimate: 20 sampled clients x
 5 models, forward only) with each row-chunk size, median of 3 after a first (compiling) call.
 `fesem-memory`: the argument, output and temporary bytes XLA plans for FeSEM's initialisation
 (every client trains once, then k-means with 20 restarts on their models), compiled only.
@@ -19,8 +19,7 @@ import time
 import jax
 import numpy as np
 
-from mcfl import engine
-from mcfl.algorithms import build_algorithm
+from mcfl.algorithms import build_algorithm, ifca
 from mcfl.config import from_dict, load_file
 from mcfl.data import load_dataset
 from mcfl.runner import plan_run
@@ -43,7 +42,7 @@ def chunks(sizes: list[int]) -> None:
     print(f"training rows per client: mean {counts.mean():.1f}, median {np.median(counts)}, "
           f"max {counts.max()}")
     for chunk in sizes:
-        fn = jax.jit(lambda m, d, c, chunk=chunk: engine.losses_of_models(
+        fn = jax.jit(lambda m, d, c, chunk=chunk: ifca.losses_of_models(
             plan.model.apply, d, m, c, plan.block_size, chunk))
         times = []
         for r in range(4):

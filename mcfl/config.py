@@ -126,7 +126,8 @@ class RunConfig:
     block_size: Optional[int] = setting(None, "clients per vmapped block (default: from model "
                                         "size and backend)", minimum=1)
     low_rank: str = setting("auto", "train dense layers with factored weight changes "
-                            "(mcfl.lowrank): auto (when faster) | on | off", choices=LOW_RANK)
+                            "(mcfl.engine.lowrank): auto (when faster) | on | off",
+                            choices=LOW_RANK)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
     embed_clients: int = setting(1000, "clustered runs: after the last round, this many clients "

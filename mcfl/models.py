@@ -214,7 +214,7 @@ class ModelSpec(NamedTuple):
     feature_shape: tuple[int, ...]
     apply: Callable
     # For a ReLU stack of dense layers on the flattened input (mclr, mlp): the layers' parameter
-    # names in order, which lets the engine train it in factored form (`mcfl.lowrank`).
+    # names in order, which lets the engine train it in factored form (`mcfl.engine.lowrank`).
     dense_layers: Optional[tuple[str, ...]] = None
     # For a model with one large dense layer after a trunk (the CNNs): that decomposition.
     factored: Optional[FactoredLayer] = None

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mcfl.batch_rule import epoch_positions
 from mcfl.engine import LocalTraining
+from mcfl.engine.batch_rule import epoch_positions
 
 
 def reference_local_train(training: LocalTraining, data, round_key, params, client: int,

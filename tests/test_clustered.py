@@ -15,15 +15,11 @@ from sklearn.metrics import adjusted_rand_score
 
 import mcfl
 from mcfl.algorithms.clustered import ClusterState, cluster_sizes, intra_cluster_distance
+from mcfl.algorithms.fesem import nearest_models, tree_dots
 from mcfl.data import partition_arrays
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.spec import parse_partition
-from mcfl.engine import (
-    ClientStats,
-    LocalTraining,
-    nearest_models,
-    tree_dots,
-)
+from mcfl.engine import ClientStats, LocalTraining
 from mcfl.errors import ConfigError
 from mcfl.evaluation import aggregate
 from mcfl.models import make_model

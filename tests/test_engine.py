@@ -15,7 +15,6 @@ from reference import reference_fedavg_round, reference_local_train
 from mcfl.algorithms import AlgorithmContext
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.fedsgd import fedsgd
-from mcfl.batch_rule import epoch_positions, step_rows
 from mcfl.data.federated import from_splits
 from mcfl.engine import (
     LocalTraining,
@@ -24,6 +23,7 @@ from mcfl.engine import (
     reduce_blocks,
     train_and_collect,
 )
+from mcfl.engine.batch_rule import epoch_positions, step_rows
 from mcfl.models import make_model
 from mcfl.sampling import sample_clients
 

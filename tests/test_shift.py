@@ -14,9 +14,9 @@ from conftest import ragged_dataset
 from reference import reference_fedavg_round
 
 import mcfl
-from mcfl.batch_rule import step_rows
 from mcfl.data.federated import from_splits
 from mcfl.engine import LocalTraining, evaluate_counts
+from mcfl.engine.batch_rule import step_rows
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from mcfl.shift import view_with_owners, with_shift

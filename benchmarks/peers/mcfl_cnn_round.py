@@ -33,9 +33,9 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from mcfl import engine  # noqa: E402
-from mcfl.batch_rule import epoch_positions  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
+from mcfl.engine.batch_rule import epoch_positions  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
 from mcfl.runner import RoundRunner  # noqa: E402
 

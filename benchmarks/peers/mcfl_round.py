@@ -32,9 +32,9 @@ import workload as wl  # noqa: E402
 
 from mcfl import engine  # noqa: E402
 from mcfl.algorithms import build_algorithm, local_training  # noqa: E402
-from mcfl.batch_rule import epoch_positions  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
+from mcfl.engine.batch_rule import epoch_positions  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
 
 ROWS = 50

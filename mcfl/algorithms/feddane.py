@@ -23,15 +23,39 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.data.federated import FederatedData
 from mcfl.engine import (
+    CLIENT_ROWS_CHUNK,
+    ApplyFn,
+    PyTree,
     RoundClients,
-    client_gradients,
+    by_length,
+    ceil_div,
+    gradient_of_client,
+    map_clients,
     segment_mean,
     segment_sums,
     train_and_aggregate,
 )
 from mcfl.sampling import round_clients
 from mcfl.settings import setting
+
+
+def client_gradients(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    start_models: PyTree,
+    selection: RoundClients,
+    block_size: int,
+    chunk: int = CLIENT_ROWS_CHUNK,
+) -> tuple[PyTree, jax.Array]:
+    """Each selected client's full-batch gradient of its mean training loss at its start model,
+    stacked [S, ...] in selection order, and its loss [S] (FedDANE's first exchange)."""
+    counts = data.train_counts[selection.clients]
+    inputs = {"client": selection.clients, "start": selection.start_index,
+              "chunks": ceil_div(counts, chunk)}
+    block_fn = by_length(gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
+    return map_clients(block_fn, inputs, inputs["chunks"], block_size)
 
 
 @dataclasses.dataclass(frozen=True)

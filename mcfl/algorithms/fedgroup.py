@@ -52,11 +52,11 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import (
     RoundClients,
-    maybe_nonzero,
     segment_mean,
     train_and_aggregate,
     train_and_collect,
 )
+from mcfl.engine.lowrank import maybe_nonzero
 from mcfl.errors import ConfigError
 from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting

@@ -10,8 +10,52 @@ import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import CLIENT_ROWS_CHUNK, RoundClients, gradients_and_aggregate
+from mcfl.data.federated import FederatedData
+from mcfl.engine import (
+    CLIENT_ROWS_CHUNK,
+    ApplyFn,
+    PyTree,
+    RoundClients,
+    by_length,
+    ceil_div,
+    gradient_of_client,
+    reduce_clients,
+)
 from mcfl.sampling import round_clients
+
+
+def gradients_and_aggregate(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    start_models: PyTree,
+    selection: RoundClients,
+    weights: jax.Array,
+    segments: jax.Array,
+    num_segments: int,
+    block_size: int,
+    chunk: int,
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """FedSGD's client work: each selected client's full-batch gradient at its start model,
+    reduced into weighted per-segment sums. Returns (sums, weight_sums, loss [S])."""
+    counts = data.train_counts[selection.clients]
+    inputs = {
+        "client": selection.clients,
+        "start": selection.start_index,
+        "chunks": ceil_div(counts, chunk),
+        "weight": weights.astype(jnp.float32),
+        "segment": segments,
+    }
+
+    gradient_block = by_length(gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
+
+    def block_fn(block):
+        grads, loss = gradient_block(block)
+        return grads, block["segment"], loss
+
+    like = jax.tree.map(lambda m: m[0], start_models)
+    sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
+                                                  num_segments, like)
+    return sums, weight_sums, loss
 
 
 class FedSGDState(flax.struct.PyTreeNode):

@@ -33,14 +33,38 @@ from mcfl.algorithms.clustered import (
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import kmeans
 from mcfl.engine import (
+    PyTree,
     RoundClients,
-    nearest_models,
     segment_mean,
     train_and_aggregate,
     train_and_collect,
 )
 from mcfl.sampling import round_clients
 from mcfl.settings import setting
+
+
+def tree_dots(block: PyTree, models: PyTree) -> jax.Array:
+    """[b, K] inner products <W_i, M_k> of a block of trees [b, ...] with models [K, ...]."""
+    return sum(
+        jnp.tensordot(
+            w.reshape(w.shape[0], -1), m.reshape(m.shape[0], -1).T, axes=1,
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        for w, m in zip(jax.tree.leaves(block), jax.tree.leaves(models))
+    )
+
+
+def tree_sq_norms(tree: PyTree) -> jax.Array:
+    """[n] squared norms of a stacked tree [n, ...]."""
+    return sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1)
+               for x in jax.tree.leaves(tree))
+
+
+def nearest_models(block: PyTree, models: PyTree) -> jax.Array:
+    """[b] index of the model nearest each tree in squared L2 (FeSEM's E-step, Eq. 9), without
+    forming [b, K, d]: ||W||^2 - 2 <W, M> + ||M||^2."""
+    d = tree_sq_norms(models)[None, :] - 2.0 * tree_dots(block, models)
+    return jnp.argmin(d, axis=1).astype(jnp.int32)  # ||W||^2 is the same for every k
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,14 +17,22 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round, flat_models
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import kmeans_plusplus_indices
+from mcfl.data.federated import FederatedData
 from mcfl.engine import (
+    CLIENT_ROWS_CHUNK,
+    ApplyFn,
+    PyTree,
     RoundClients,
-    losses_of_models,
+    by_length,
+    ceil_div,
+    chunk_rows,
+    map_clients,
     train_and_aggregate,
     train_and_collect,
 )
@@ -32,6 +40,40 @@ from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
 
 INITS = ("random", "kmeans++")
+
+
+def losses_of_models(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    models: PyTree,
+    clients: jax.Array,
+    block_size: int,
+    chunk: int = CLIENT_ROWS_CHUNK,
+) -> jax.Array:
+    """[S, K] mean training loss of each of the K `models` on each client's training rows
+    (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
+        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+
+        def body(i, total):
+            positions, mask = chunk_rows(i, chunk, offset, count)
+            rows = data.train_order[positions]
+            x, y = data.x_train[rows], data.y_train[rows]
+
+            def summed(params):
+                losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, x), y)
+                return jnp.sum(losses * mask)
+
+            return total + jax.vmap(summed)(models)
+
+        num_models = jax.tree.leaves(models)[0].shape[0]
+        total = jax.lax.fori_loop(0, loop_length, body, jnp.zeros((num_models,), jnp.float32))
+        return total / jnp.maximum(count, 1)
+
+    inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
+    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Which rows a client's local step reads: the one definition shared by the per-client engine
-(`mcfl.engine.local_train`), the factored path (`mcfl.lowrank`) and the tests' reference loop.
+"""Which rows a client's local step reads: the one definition shared by the per-client
+engine (`mcfl.engine.local_train`), the factored path (`mcfl.engine.lowrank`) and the tests'
+reference loop.
 
 Client i's epoch e visits its rows in the order of a permutation keyed by
 ``fold_in(fold_in(round_key, i), e)`` (`mcfl.permutation`), computed only at the positions a

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from mcfl.batch_rule import step_rows
+from mcfl.engine.batch_rule import step_rows
 
 
 def maybe_nonzero(weight) -> bool:

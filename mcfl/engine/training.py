@@ -1,0 +1,207 @@
+"""One client's local training (unbatched; `mcfl.engine.clients` runs it over blocks).
+
+A client's epoch is ``ceil(n_i / B)`` steps whose batches follow `mcfl.engine.batch_rule`; the
+last batch of an epoch is partial and its missing rows are masked out of the loss. A block's
+clients run one loop as long as its longest client; the extra steps of a shorter client are
+masked (they leave parameters and optimizer state untouched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mcfl.data.federated import FederatedData
+from mcfl.engine.batch_rule import step_rows
+from mcfl.engine.lowrank import maybe_nonzero
+
+PyTree = Any
+ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+
+
+class LocalTraining(NamedTuple):
+    """What a client does in a round: `optimizer` on the cross-entropy of `apply_fn`, plus
+    ``(mu / 2) * ||W - anchor||^2`` (FedProx, Li et al. 2020, Eq. 2) when ``mu > 0``.
+
+    The client runs `local_epochs` epochs of batches of `batch_size`, or exactly `local_steps`
+    steps when that is set (cycling through epochs of its data).
+    """
+
+    apply_fn: ApplyFn
+    optimizer: optax.GradientTransformation
+    batch_size: int
+    local_epochs: int = 1
+    local_steps: Optional[int] = None
+    mu: float = 0.0
+    # The factored fast paths need the learning rate when `optimizer` is plain
+    # ``optax.sgd(lr)``, and either the model's dense layers when it is a ReLU dense stack
+    # (`mcfl.engine.lowrank`) or its one large layer (`factored`).
+    sgd_lr: Optional[float] = None
+    dense_layers: Optional[tuple[str, ...]] = None
+    low_rank: str = "auto"  # auto (when it is faster), on, off
+    # For a model with one large dense layer after a trunk (the CNNs, `models.FactoredLayer`):
+    # with plain SGD its kernel change can be kept factored (`local_train_factored`).
+    factored: Optional[Any] = None
+
+
+class ClientStats(NamedTuple):
+    """Per-client by-products of local training, each [S]."""
+
+    loss: jax.Array  # mean training loss over the client's steps (without the proximal term)
+    steps: jax.Array  # local steps actually taken
+    update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
+    sq_norm: jax.Array  # ||W_i(after)||^2, for intra-cluster distances of streamed M-steps
+
+
+
+def ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
+    """Local steps of each client in a round: ``E * ceil(n_i / B)``, or the fixed step count."""
+    if training.local_steps is not None:
+        return jnp.full_like(counts, training.local_steps)
+    return training.local_epochs * ceil_div(counts, training.batch_size)
+
+
+def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean cross-entropy over the rows where `mask` is true (0 if there are none)."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1)
+
+
+def squared_distance(a: PyTree, b: PyTree) -> jax.Array:
+    """||a - b||^2 summed over all leaves of two parameter trees."""
+    return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _select(pred, new: PyTree, old: PyTree) -> PyTree:
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def local_train(
+    training: LocalTraining,
+    data: FederatedData,
+    key: jax.Array,
+    params: PyTree,
+    anchor: PyTree,
+    client: jax.Array,
+    num_steps: jax.Array,
+    loop_length: jax.Array,
+    prox_scale: jax.Array | float = 1.0,
+    masked: bool = True,
+    correction: Optional[PyTree] = None,
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """One client's local training (unbatched; the engine vmaps it over a block).
+
+    Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
+    are real; with ``masked=False`` the caller promises they are the same (a block of one
+    client), and the steps skip the masking. Step s reads `batch_rule.step_rows` of the round
+    `key`. The proximal weight is ``training.mu * prox_scale`` (FeSEM weighs it per client,
+    Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
+    step's gradient gains c (FedDANE's gradient correction).
+    Returns the trained parameters, the summed training loss of the real steps, and the number
+    of steps that changed the parameters (counted, not assumed).
+    """
+    batch = training.batch_size
+
+    def objective(p, xb, yb, mask):
+        loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
+        total = loss
+        if maybe_nonzero(training.mu):
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
+        return total, loss
+
+    def step(s, carry):
+        p, opt_state, loss_sum, taken = carry
+        rows, mask = step_rows(key, data, client, s, batch)
+        (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
+            p, data.x_train[rows], data.y_train[rows], mask
+        )
+        if correction is not None:
+            grads = jax.tree.map(jnp.add, grads, correction)
+        updates, new_opt_state = training.optimizer.update(grads, opt_state, p)
+        if not masked:
+            return optax.apply_updates(p, updates), new_opt_state, loss_sum + loss, taken + 1
+        active = s < num_steps
+        p = _select(active, optax.apply_updates(p, updates), p)
+        opt_state = _select(active, new_opt_state, opt_state)
+        return p, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
+
+    zero = jnp.zeros((), jnp.int32)
+    init = (params, training.optimizer.init(params), jnp.zeros((), jnp.float32), zero)
+    params, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
+    return params, loss_sum, taken
+
+
+def local_train_factored(
+    training: LocalTraining,
+    data: FederatedData,
+    key: jax.Array,
+    params: PyTree,
+    client: jax.Array,
+    num_steps: jax.Array,
+    loop_length: jax.Array,
+    prox_scale: jax.Array | float,
+    capacity: int,
+    masked: bool = True,
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """`local_train` with plain SGD for a model ``head(trunk(x) @ K + b)`` around one large
+    dense kernel K (``training.factored``), whose change is kept as factors.
+
+    Why: a step's gradient of K is ``h^T delta`` (rank B); written out, it and the update of K
+    move two [in, out] arrays per step (for the FashionMNIST CNN's 3136 x 1024 kernel, a
+    third of a client step's time on CPU). After t steps ``K_t = K_0 + H^T G`` with H the
+    stacked inputs h of the past steps and G their ``-lr * decay * delta``, so the forward is
+    ``h K_0 + (h H^T) G`` and autodiff's backward ``delta K_0^T + (delta G^T) H`` touches only
+    [B, t B] products. K's gradient is never formed: delta is the gradient of the loss with
+    respect to a zero offset added to the layer's pre-activations. The proximal pull to the
+    start (FedProx, FeSEM) decays G by ``1 - lr mu'`` each step, exactly as it decays K - K_0.
+    `capacity` (static) bounds the steps; K is formed once, at the end. Equal to `local_train`
+    to float rounding (tests/test_engine.py).
+    """
+    layer, lr, batch = training.factored, training.sgd_lr, training.batch_size
+    kernel0 = params[layer.name]["kernel"]
+    rest = {**params, layer.name: {k: v for k, v in params[layer.name].items() if k != "kernel"}}
+    rows_cap = capacity * batch
+
+    def objective(rest, offset, xb, yb, mask, hist_in, hist_grad):
+        h = layer.trunk(rest, xb)  # [B, in]
+        z = h @ kernel0 + (h @ hist_in.T) @ hist_grad + rest[layer.name]["bias"] + offset
+        loss = masked_cross_entropy(layer.head(rest, z), yb, mask)
+        total = loss
+        if maybe_nonzero(training.mu):
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(rest, anchor)
+        return total, (loss, h)
+
+    anchor = rest
+
+    def step(s, carry):
+        rest, hist_in, hist_grad, loss_sum, taken = carry
+        rows, mask = step_rows(key, data, client, s, batch)
+        offset = jnp.zeros((batch, kernel0.shape[1]), jnp.float32)
+        (_, (loss, h)), (grads, delta) = jax.value_and_grad(objective, argnums=(0, 1),
+                                                            has_aux=True)(
+            rest, offset, data.x_train[rows], data.y_train[rows], mask, hist_in, hist_grad)
+        active = jnp.asarray(True) if not masked else s < num_steps
+        scale = jnp.where(active, -lr, 0.0)
+        rest = jax.tree.map(lambda p, g: p + scale * g, rest, grads)
+        if maybe_nonzero(training.mu):
+            hist_grad = hist_grad * jnp.where(active, 1.0 - lr * training.mu * prox_scale, 1.0)
+        at = jnp.minimum(s, capacity - 1) * batch
+        hist_in = jax.lax.dynamic_update_slice_in_dim(hist_in, h, at, axis=0)
+        hist_grad = jax.lax.dynamic_update_slice_in_dim(hist_grad, scale * delta, at, axis=0)
+        return rest, hist_in, hist_grad, loss_sum + jnp.where(active, loss, 0.0), taken + active
+
+    init = (rest, jnp.zeros((rows_cap, kernel0.shape[0]), jnp.float32),
+            jnp.zeros((rows_cap, kernel0.shape[1]), jnp.float32), jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.int32))
+    rest, hist_in, hist_grad, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
+    kernel = kernel0 + jnp.dot(hist_in.T, hist_grad, precision=jax.lax.Precision.HIGHEST)
+    trained = {**rest, layer.name: {**rest[layer.name], "kernel": kernel}}
+    return trained, loss_sum, taken
