@@ -15,12 +15,12 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 import tomllib
 
 from mcfl.errors import ConfigError, choice_error
-from mcfl.settings import INT64_MAX, setting
+from mcfl.settings import INT64_MAX, Static, setting
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
@@ -99,8 +99,9 @@ class RunConfig:
     client_optimizer: str = setting("sgd", "sgd | momentum | adam", choices=OPTIMIZERS)
     momentum: float = setting(0.9, "momentum of --client-optimizer momentum", minimum=0,
                               below=1)
-    weight_decay: float = setting(0.0, "L2 weight decay on the clients", minimum=0,
-                                  static=True)  # plain SGD or not picks the training path
+    weight_decay: Annotated[float, Static("0 or not picks the training path: the factored "
+                                          "fast paths need plain SGD")] = setting(
+        0.0, "L2 weight decay on the clients", minimum=0)
     clients_per_round: Optional[Union[int, float]] = setting(
         None, "clients sampled per round: a count (20) or a fraction (0.1); default "
         "min(20, clients)")

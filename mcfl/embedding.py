@@ -8,7 +8,6 @@ SVD through the n x n Gram matrix, so no d x d matrix is formed).
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -27,11 +26,10 @@ class ClientEmbedding(NamedTuple):
     explained: jax.Array  # [2] share of the variance each component explains
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining, block_size: int,
-                     num_clients: int, state, data, key) -> ClientEmbedding:
+def client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining, num_clients: int,
+                     state, data, key) -> ClientEmbedding:
     """The 2-D PCA projection of `num_clients` sampled clients' local models, each trained once
-    from the model `algorithm` evaluates it with."""
+    from the model `algorithm` evaluates it with (jittable, `num_clients` static)."""
     models, index = algorithm.client_models(state)
     if algorithm.view is not None:
         data = algorithm.view(state, data)
@@ -40,7 +38,7 @@ def client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining, blo
     sample_key, train_key = jax.random.split(key)
     clients = jnp.sort(sample_clients(sample_key, data.num_clients, num_clients))
     trained, _ = train_and_collect(training, data, train_key, models,
-                                   RoundClients(clients, index[clients]), block_size)
+                                   RoundClients(clients, index[clients]))
     flat = flat_models(trained)
     centred = flat - jnp.mean(flat, axis=0, keepdims=True)
     u, s, _ = truncated_svd(centred, 2)

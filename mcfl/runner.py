@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl import distributed, engine
-from mcfl.algorithms import FederatedAlgorithm, build_algorithm, local_training
+from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams, local_training
 from mcfl.algorithms.base import scan_rounds
 from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig
@@ -267,16 +267,26 @@ def _run(
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
     plan = plan_run(config, dataset)
+    model, per_round = plan.model, plan.clients_per_round
+    algorithm = build_algorithm(config, model, per_round)
+    hp = hyperparams(config, model)
+    with engine.planned_block_size(min(plan.block_size, per_round)):
+        return _train(config, dataset, started, observers, profile_dir, checkpoints, resume_dir,
+                      replicated, data, init_key, rounds_key, plan, algorithm, hp)
+
+
+def _train(config, dataset, started, observers, profile_dir, checkpoints, resume_dir,
+           replicated, data, init_key, rounds_key, plan, algorithm, hp):
     model, params_count, per_round = plan.model, plan.params_count, plan.clients_per_round
     low_rank, block_size, eval_block = plan.low_rank, plan.block_size, plan.eval_block
-    algorithm = build_algorithm(config, model, per_round, min(block_size, per_round))
 
     init_start = time.perf_counter()
     # (blocked on: dispatch is asynchronous, and an initialisation that trains every client,
     # FeSEM's, would otherwise be counted in round 1)
-    state = jax.block_until_ready(jax.jit(algorithm.init, **replicated)(data, init_key))
+    state = jax.block_until_ready(jax.jit(
+        lambda data, key: algorithm.init(data, key, hp), **replicated)(data, init_key))
     init_seconds = time.perf_counter() - init_start
-    rounds = RoundRunner(algorithm, config.scan_rounds, replicated)
+    rounds = RoundRunner(algorithm, hp, config.scan_rounds, replicated)
     evaluator = Evaluator(algorithm, model.apply, eval_block, replicated)
     chunks = round_chunks(config.rounds, config.eval_every, config.scan_rounds)
     later = ()
@@ -380,7 +390,7 @@ def _run(
     stacked = np.stack(evaluated_assignments) if evaluated_assignments else None
     embedding = None
     if algorithm.assignments is not None and config.embed_clients > 0:
-        embedding = _embedding(algorithm, config, model, block_size, state, data, rounds_key,
+        embedding = _embedding(algorithm, config, hp, state, data, rounds_key,
                                final_assignment, dataset)
     result = RunResult(config, summary, rows, clients, state, stacked,
                        np.asarray(assignment_rounds) if stacked is not None else None,
@@ -418,15 +428,14 @@ def _divergence(config: RunConfig, row: dict[str, Any], rows: list[dict[str, Any
             f"smaller {' or '.join(causes)}, or check the data for extreme values")
 
 
-def _embedding(algorithm, config, model, block_size, state, data, rounds_key, assignment,
+def _embedding(algorithm, config, hp, state, data, rounds_key, assignment,
                dataset) -> dict[str, np.ndarray]:
     """The 2-D projection of sampled clients' local models, with their clusters."""
     from mcfl.embedding import client_embedding
 
     count = min(config.embed_clients, dataset.num_clients)
-    found = jax.device_get(client_embedding(
-        algorithm, local_training(config, model), block_size, count, state, data,
-        jax.random.fold_in(rounds_key, config.rounds + 1)))
+    embed = jax.jit(functools.partial(client_embedding, algorithm, hp.training, count))
+    found = jax.device_get(embed(state, data, jax.random.fold_in(rounds_key, config.rounds + 1)))
     clients = np.asarray(found.clients)
     out = {"clients": clients, "coords": np.asarray(found.coords),
            "explained": np.asarray(found.explained), "cluster": assignment[clients]}
@@ -449,9 +458,9 @@ def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int,
     return chunks
 
 
-def _one_round(algorithm, state, data, rounds_key, r):
+def _one_round(algorithm, hp, state, data, rounds_key, r):
     """Round `r`, keyed ``fold_in(rounds_key, r)`` (as `scan_rounds` keys it); metrics [1]."""
-    state, metrics = algorithm.round(state, data, jax.random.fold_in(rounds_key, r))
+    state, metrics = algorithm.round(state, data, jax.random.fold_in(rounds_key, r), hp)
     return state, jax.tree.map(lambda m: m[None], metrics)
 
 
@@ -461,14 +470,14 @@ class RoundRunner:
     once per chunk length. The state is donated, so an algorithm that updates part of a large
     state (Local's [C, ...] models) does it in place instead of copying it every round."""
 
-    def __init__(self, algorithm: FederatedAlgorithm, scanned: bool, jit_options=None):
+    def __init__(self, algorithm: FederatedAlgorithm, hp, scanned: bool, jit_options=None):
         jit_options = jit_options or {}  # out_shardings of a multi-process run
         if scanned:
-            self._fn = jax.jit(functools.partial(scan_rounds, algorithm), static_argnums=(4,),
-                               donate_argnums=(0,), **jit_options)
+            self._fn = jax.jit(functools.partial(scan_rounds, algorithm, hp),
+                               static_argnums=(4,), donate_argnums=(0,), **jit_options)
         else:
-            self._fn = jax.jit(functools.partial(_one_round, algorithm), donate_argnums=(0,),
-                               **jit_options)
+            self._fn = jax.jit(functools.partial(_one_round, algorithm, hp),
+                               donate_argnums=(0,), **jit_options)
         self._scanned = scanned
         self._compiled: dict[int, Any] = {}
 

@@ -61,17 +61,18 @@ def with_schedule(algorithm: FederatedAlgorithm, schedule: str,
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown client schedule {schedule!r}; allowed: {SCHEDULES}")
 
-    def init(data, key):
+    def init(data, key, hp):
         order_key, inner_key = jax.random.split(key)
-        return (algorithm.init(data, inner_key),
+        return (algorithm.init(data, inner_key, hp),
                 ScheduleState(jnp.zeros((), jnp.int32), jax.random.key_data(order_key)))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         inner, schedule_state = state
         pick_key, inner_key = jax.random.split(key)
         clients = scheduled_clients(schedule_state, pick_key, data.num_clients,
                                     clients_per_round)
-        inner, metrics = algorithm.round(inner, data.replace(round_clients=clients), inner_key)
+        inner, metrics = algorithm.round(inner, data.replace(round_clients=clients), inner_key,
+                                         hp)
         return (inner, schedule_state.replace(round=schedule_state.round + 1)), metrics
 
     assignments = None

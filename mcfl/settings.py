@@ -14,21 +14,27 @@ import dataclasses
 import functools
 import math
 import typing
-from typing import Any, Optional, Union
+from typing import Annotated, Any, NamedTuple, Optional, Union
 
 from mcfl.errors import ConfigError
 
 INT64_MAX = 2**63 - 1
 
 
+class Static(NamedTuple):
+    """Marks a float setting as static: ``Annotated[float, Static("why")]``. Its value is
+    part of the compiled program (a shape or a Python branch depends on it), so members of a
+    sweep that differ in it run as separate programs."""
+
+    why: str
+
+
 def setting(default, doc: str, *, key: Optional[str] = None, minimum=None, maximum=None,
-            above=None, below=None, choices: Optional[tuple] = None, static: bool = False) -> Any:
+            above=None, below=None, choices: Optional[tuple] = None) -> Any:
     """A dataclass field with its doc, flat key (default: the field's name) and range:
-    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`.
-    ``static=True`` marks a float whose value shapes the compiled program (a Python branch or a
-    shape depends on it), so a sweep may not vary it inside one program (`mcfl.sweep`)."""
+    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`."""
     metadata = {"doc": doc, "key": key, "minimum": minimum, "maximum": maximum, "above": above,
-                "below": below, "choices": choices, "static": static}
+                "below": below, "choices": choices}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -46,12 +52,33 @@ def fields_of(cls) -> dict[str, dataclasses.Field]:
 
 
 def type_of(cls, field: dataclasses.Field):
-    return _type_hints(cls)[field.name]
+    """The field's type, without a `Static` marker (``Annotated[float, Static(...)]`` ->
+    float)."""
+    hint = _type_hints(cls)[field.name]
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+
+
+def static_reason(cls, field: dataclasses.Field) -> Optional[str]:
+    """Why a float setting is static (its `Static` marker), or None."""
+    hint = _type_hints(cls)[field.name]
+    marks = typing.get_args(hint)[1:] if typing.get_origin(hint) is Annotated else ()
+    return next((m.why for m in marks if isinstance(m, Static)), None)
+
+
+def is_traced(cls, field: dataclasses.Field) -> bool:
+    """Whether the setting is a number the round program takes as an argument: a float not
+    marked `Static`."""
+    return type_of(cls, field) is float and static_reason(cls, field) is None
+
+
+def traced_fields(cls) -> tuple[str, ...]:
+    """Names of the traced fields of a settings dataclass."""
+    return tuple(f.name for f in dataclasses.fields(cls) if is_traced(cls, f))
 
 
 @functools.cache
 def _type_hints(cls) -> dict:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def _describe(hint) -> str:

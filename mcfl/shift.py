@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.config import SHIFTS  # noqa: F401  (re-exported: the shift kinds)
 from mcfl.data.federated import FederatedData, client_label_counts
 from mcfl.sampling import sample_clients
 
@@ -101,9 +100,10 @@ def _swap(owner, a, b):
     return jnp.where(owner == a, b, jnp.where(owner == b, a, owner))
 
 
-def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
+def with_shift(algorithm: FederatedAlgorithm, kind: str,
                interval: int = 50) -> FederatedAlgorithm:
-    """`algorithm` trained and evaluated on data that shifts as `kind` says, each round."""
+    """`algorithm` trained and evaluated on data that shifts as `kind` says, each round; a
+    swap happens with probability ``hp.shift_prob`` a round."""
     if kind == "none":
         return algorithm
 
@@ -117,7 +117,7 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
         return ShiftState(layout_of(data, owner, data.test_owner), jnp.zeros((), bool),
                           jnp.zeros((), jnp.int32))
 
-    def event(shift: ShiftState, data: FederatedData, key):
+    def event(shift: ShiftState, data: FederatedData, key, prob):
         """Whether owners change this round, and a function giving the new (train, test)
         owners (called only when they do)."""
         now = shift.layout
@@ -145,9 +145,9 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
         return happens, lambda: (move(now.train_owner, data.y_train),
                                  move(now.test_owner, data.y_test))
 
-    def advance(shift: ShiftState, data: FederatedData, key):
+    def advance(shift: ShiftState, data: FederatedData, key, prob):
         """The next round's shift state and the number of training rows that changed owner."""
-        happens, new_owners = event(shift, data, key)
+        happens, new_owners = event(shift, data, key, prob)
 
         def relayout(_):
             train_owner, test_owner = new_owners()
@@ -158,15 +158,15 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str, prob: float = 0.05,
                                      lambda _: (shift.layout, jnp.float32(0.0)), None)
         return shift.replace(layout=layout, changed=happens), moved
 
-    def init(data, key):
+    def init(data, key, hp):
         shift = initial(data)
-        return algorithm.init(view(data, shift), key), shift
+        return algorithm.init(view(data, shift), key, hp), shift
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         inner, shift = state
         shift_key, inner_key = jax.random.split(key)
-        shift, moved = advance(shift, data, shift_key)
-        inner, metrics = algorithm.round(inner, view(data, shift), inner_key)
+        shift, moved = advance(shift, data, shift_key, hp.shift_prob)
+        inner, metrics = algorithm.round(inner, view(data, shift), inner_key, hp)
         metrics["shifted_rows"] = moved
         return (inner, shift.replace(round=shift.round + 1)), metrics
 

@@ -11,12 +11,12 @@ import sys
 
 import jax
 import numpy as np
-from conformance_setup import SETTINGS, build_small, planted_data  # noqa: I001
+from conformance_setup import SETTINGS, build_small, planted_data, scan  # noqa: I001
+from conftest import Bound
 
 import mcfl
 from mcfl import engine
 from mcfl.algorithms import names
-from mcfl.algorithms.base import scan_rounds
 from mcfl.shift import with_shift
 
 SHIFTS = ("swap_all", "swap_part", "incremental")
@@ -39,10 +39,11 @@ def devices_run(name: str, data, devices: int) -> dict:
 
 
 def shift_run(name: str, data, kind: str) -> dict:
-    shifted = with_shift(build_small(name), kind, prob=1.0, interval=1)
+    small = build_small(name)
+    shifted = Bound(with_shift(small.algorithm, kind, interval=1),
+                    small.hp.replace(shift_prob=1.0), small.block_size)
     state = jax.jit(shifted.init)(data.arrays, jax.random.key(1))
-    _, stacked = jax.jit(scan_rounds, static_argnums=(0, 5))(
-        shifted, state, data.arrays, jax.random.key(2), 1, 2)
+    _, stacked = scan(shifted, state, data.arrays, jax.random.key(2), 1, 2)
     return {"losses": np.asarray(stacked["train_loss"]).tolist(),
             "shifted_rows": np.asarray(stacked["shifted_rows"]).tolist()}
 

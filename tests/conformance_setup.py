@@ -5,10 +5,8 @@ swap_part has labels to trade), with 4 planted label permutations; MCLR, 8 clien
 
 from __future__ import annotations
 
-import optax
-
 from mcfl import settings
-from mcfl.algorithms import AlgorithmContext, get
+from mcfl.algorithms import get
 from mcfl.engine import LocalTraining
 from mcfl.models import make_model
 
@@ -29,10 +27,28 @@ def small_params(name: str) -> dict:
 
 
 def build_small(name: str):
+    """The algorithm `name` on the small problem, bound to its hyperparameters
+    (`conftest.Bound`: ``.algorithm``, ``.hp``)."""
+    from conftest import algorithm
+
     model = make_model("mclr", (12,), 10)
-    training = LocalTraining(model.apply, optax.sgd(0.05), batch_size=10, local_steps=2,
-                             sgd_lr=0.05, dense_layers=model.dense_layers)
+    training = LocalTraining(model.apply, batch_size=10, lr=0.05, local_steps=2,
+                             dense_layers=model.dense_layers)
     clusters = SETTINGS["clusters"] if get(name).clustered else 1
-    context = AlgorithmContext(model, training, SETTINGS["per_round"], SETTINGS["block"],
-                               clusters, 0.05)
-    return get(name).build(context, **small_params(name))
+    return algorithm(name, model, training, SETTINGS["per_round"], SETTINGS["block"], clusters,
+                     **small_params(name))
+
+
+def scan(bound, state, data, rounds_key, first: int, count: int):
+    """`scan_rounds` of a bound algorithm (`conftest.Bound`), traced under its block size."""
+    import functools
+
+    import jax
+
+    from mcfl.algorithms.base import scan_rounds
+    from mcfl.engine import planned_block_size
+
+    with planned_block_size(bound.block_size):
+        run = jax.jit(functools.partial(scan_rounds, bound.algorithm, bound.hp),
+                      static_argnums=(4,))
+        return run(state, data, rounds_key, first, count)

@@ -67,6 +67,15 @@ def conformance_background(request):
         proc.communicate()
 
 
+@pytest.fixture(autouse=True)
+def _own_trace_counts():
+    """chex counts traces by a function's source: the bound rounds of `Bound` share theirs, so
+    each test starts from zero."""
+    import chex
+
+    chex.clear_trace_counter()
+
+
 def ragged_dataset(sizes, num_features=5, num_classes=3, seed=0, name="ragged"):
     """A dataset whose client i has exactly sizes[i] training rows and 2 test rows."""
     rng = np.random.default_rng(seed)
@@ -104,11 +113,43 @@ def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permu
     return partition_arrays(arrays, parse_partition(spec), num_clients, 0.2, "none", seed=1)
 
 
-def algorithm(name, model, training, clients_per_round, block_size, clusters=1, lr=0.01,
-              **params):
-    """The registered algorithm `name` built in a context of these settings (hyperparameters by
-    field name or flat key)."""
-    from mcfl.algorithms import AlgorithmContext, build
+class Bound:
+    """A built algorithm with its hyperparameters and block size fixed: ``init(data, key)`` and
+    ``round(state, data, key)``, traced under the block size (`engine.planned_block_size`), as
+    a run's program traces them."""
 
-    context = AlgorithmContext(model, training, clients_per_round, block_size, clusters, lr)
-    return build(name, context, **params)
+    def __init__(self, algorithm, hp, block_size=None):
+        from mcfl.engine import planned_block_size
+
+        self.algorithm, self.hp, self.block_size = algorithm, hp, block_size
+        self.name = algorithm.name
+        self.client_models = algorithm.client_models
+        self.assignments = algorithm.assignments
+        self.view = algorithm.view
+
+        def init(data, key):
+            with planned_block_size(block_size):
+                return algorithm.init(data, key, hp)
+
+        def round(state, data, key):
+            with planned_block_size(block_size):
+                return algorithm.round(state, data, key, hp)
+
+        self.init, self.round = init, round
+
+
+def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
+    """`bound` with its algorithm wrapped (`mcfl.shift.with_shift`, `mcfl.schedule.with_schedule`
+    and their `args`); `shift_prob` sets ``hp.shift_prob``."""
+    hp = bound.hp if shift_prob is None else bound.hp.replace(shift_prob=shift_prob)
+    return Bound(wrapper(bound.algorithm, *args), hp, bound.block_size)
+
+
+def algorithm(name, model, training, clients_per_round, block_size, clusters=1, **params):
+    """The registered algorithm `name` built for these settings, bound to `training` and its
+    hyperparameters `params` (field names or flat keys; the others at their defaults)."""
+    from mcfl.algorithms import AlgorithmContext, Hyperparams, get
+
+    spec = get(name)
+    built = spec.build(AlgorithmContext(model, clients_per_round, clusters))
+    return Bound(built, Hyperparams(training, spec.params_with(**params)), block_size)

@@ -27,7 +27,8 @@ def reference_local_train(training: LocalTraining, data, round_key, params, clie
     steps_per_epoch = -(-n // B)
     steps = training.local_steps or training.local_epochs * steps_per_epoch
     anchor = params
-    opt_state = training.optimizer.init(params)
+    optimizer = training.transform()
+    opt_state = optimizer.init(params)
 
     @jax.jit
     def step(p, opt_state, xb, yb):
@@ -38,12 +39,12 @@ def reference_local_train(training: LocalTraining, data, round_key, params, clie
             sq = sum(
                 jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(q), jax.tree.leaves(anchor))
             )
-            return loss + 0.5 * training.mu * sq
+            return loss + 0.5 * (training.mu or 0.0) * sq
 
         grads = jax.grad(objective)(p)
         if correction is not None:
             grads = jax.tree.map(jnp.add, grads, correction)
-        updates, opt_state = training.optimizer.update(grads, opt_state, p)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state
 
     orders = {}

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from mcfl import engine
-from mcfl.algorithms import build_algorithm
+from mcfl.algorithms import build_algorithm, hyperparams
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
 from mcfl.models import make_model
@@ -24,12 +24,13 @@ ROUNDS = 3
 def train(config: RunConfig, devices: int, block_size: int) -> dict:
     dataset = load_dataset(config)
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
-    algorithm = build_algorithm(config, model, CLIENTS, block_size)
+    algorithm = build_algorithm(config, model, CLIENTS)
+    hp = hyperparams(config, model)
     init_key, rounds_key = jax.random.split(jax.random.key(config.seed))
-    with jax.set_mesh(engine.client_mesh(devices)):
+    with jax.set_mesh(engine.client_mesh(devices)), engine.planned_block_size(block_size):
         assert engine.client_shards() == devices
-        state = jax.jit(algorithm.init)(dataset.arrays, init_key)
-        round_fn = jax.jit(algorithm.round)
+        state = jax.jit(lambda d, k: algorithm.init(d, k, hp))(dataset.arrays, init_key)
+        round_fn = jax.jit(lambda s, d, k: algorithm.round(s, d, k, hp))
         losses = []
         for r in range(1, ROUNDS + 1):
             state, metrics = round_fn(state, dataset.arrays, jax.random.fold_in(rounds_key, r))

@@ -23,7 +23,7 @@ SIZES = [3, 30, 17, 40, 9, 24]
 def setup():
     data = ragged_dataset(SIZES, seed=2).arrays
     model = make_model("mclr", (5,), 3)
-    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=10, local_epochs=2)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=2)
     return data, model, training
 
 
@@ -78,7 +78,7 @@ def test_feddane_matches_the_per_client_loop(setup):
     trained = []
     for c, grad in zip(clients, grads):
         correction = jax.tree.map(lambda a, b: a - b, g, grad)
-        params, _ = reference_local_train(training._replace(mu=mu), data, train_key,
+        params, _ = reference_local_train(training.replace(mu=mu), data, train_key,
                                           state.params, int(c), correction=correction)
         trained.append(params)
     chex.assert_trees_all_close(new_state.params, _weighted_mean(trained, sizes), atol=1e-5)

@@ -133,12 +133,12 @@ def test_compile_cache_is_on_by_default_and_can_be_turned_off(tmp_path, disable)
 def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAlgorithm:
     """Wrap an algorithm so that its train loss turns NaN from round `bad_from_round` on."""
 
-    def init(data, key):
-        return (algorithm.init(data, key), jnp.zeros((), jnp.int32))
+    def init(data, key, hp):
+        return (algorithm.init(data, key, hp), jnp.zeros((), jnp.int32))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         inner, count = state
-        inner, metrics = algorithm.round(inner, data, key)
+        inner, metrics = algorithm.round(inner, data, key, hp)
         count = count + 1
         metrics["train_loss"] = jnp.where(count >= bad_from_round, jnp.nan, metrics["train_loss"])
         return (inner, count), metrics

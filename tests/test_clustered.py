@@ -35,7 +35,7 @@ def planted():
 
 def _training(model, lr=0.05, **kw):
     kw.setdefault("batch_size", 10)
-    return LocalTraining(model.apply, optax.sgd(lr), **kw)
+    return LocalTraining(model.apply, lr=lr, **kw)
 
 
 def _accuracy(algorithm, state, dataset, model):
@@ -91,7 +91,7 @@ def test_fesem_round_matches_per_client_loop():
     for c in clients:
         mu = 2 * lam * counts.mean() / counts[c]
         start = old[int(state.assignment[c])]
-        trained, _ = reference_local_train(training._replace(mu=mu), data, train_key, start, int(c))
+        trained, _ = reference_local_train(training.replace(mu=mu), data, train_key, start, int(c))
         k = int(np.argmin([np.sum((flat(trained) - flat(o)) ** 2) for o in old]))
         members[k].append(trained)
         assigned[int(c)] = k

@@ -13,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conformance_setup import SETTINGS, build_small, planted_data
+from conformance_setup import SETTINGS, build_small, planted_data, scan
 
 import mcfl
 from mcfl import settings
 from mcfl.algorithms import get, names
-from mcfl.algorithms.base import scan_rounds
 from mcfl.errors import ConfigError
 
 REQUIRED_METRICS = {"train_loss", "discrepancy", "local_steps", "models_down", "models_up"}
@@ -45,8 +44,7 @@ def _run(name, data):
     for r in range(1, SETTINGS["rounds"] + 1):
         state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
         rows.append(jax.device_get(metrics))
-    scanned, stacked = jax.jit(scan_rounds, static_argnums=(0, 5))(
-        algorithm, state0, data.arrays, rounds_key, 1, SETTINGS["rounds"])
+    scanned, stacked = scan(algorithm, state0, data.arrays, rounds_key, 1, SETTINGS["rounds"])
     _RUNS[name] = algorithm, state, rows, scanned, jax.device_get(stacked)
     return _RUNS[name]
 

@@ -6,13 +6,13 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
+from conformance_setup import scan
+from conftest import Bound, ragged_dataset
 from conftest import algorithm as build
-from conftest import ragged_dataset
 from reference import reference_fedavg_round, reference_local_train
 
-from mcfl.algorithms import AlgorithmContext
+from mcfl.algorithms import AlgorithmContext, get
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.fedsgd import fedsgd
 from mcfl.data.federated import from_splits
@@ -37,7 +37,7 @@ def _model(data):
 def _training(model, mu=0.0, **kw):
     kw.setdefault("batch_size", 10)
     kw.setdefault("local_epochs", 2)
-    return LocalTraining(model.apply, optax.sgd(0.05), mu=mu, **kw)
+    return LocalTraining(model.apply, lr=0.05, mu=mu, **kw)
 
 
 def test_each_epoch_permutes_each_client_and_ignores_other_clients(ragged):
@@ -165,9 +165,10 @@ def test_local_with_fixed_steps_matches_per_client_loop(ragged):
 def test_fedavg_with_one_full_batch_step_equals_fedsgd(ragged):
     data = ragged.arrays
     model = _model(ragged)
-    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=300, local_steps=1)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=300, local_steps=1)
     avg = build("fedavg", model, training, 6, 4)
-    sgd = fedsgd(AlgorithmContext(model, training, 6, 4, lr=0.1), chunk=7)
+    sgd = Bound(fedsgd(AlgorithmContext(model, 6), chunk=7),
+                avg.hp.replace(params=get("fedsgd").params()), 4)
     s_avg = avg.init(data, jax.random.key(0))
     s_sgd = sgd.init(data, jax.random.key(0))
     for r in range(2):
@@ -188,7 +189,7 @@ def test_fedavg_hand_computed():
     test = (np.array([[1.0], [2.0]], np.float32), np.array([0, 1]), np.array([0, 1]))
     dataset = from_splits("hand", train, test, 2, 2)
     model = make_model("mclr", (1,), 2)
-    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=2)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=2)
     algorithm = build("fedavg", model, training, 2, 2)
     zeros = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
     state, metrics = jax.jit(algorithm.round)(
@@ -225,15 +226,12 @@ def test_reduce_blocks_equals_weighted_segment_sums(block_size):
 
 
 def test_scanned_rounds_equal_the_round_by_round_loop(ragged):
-    from mcfl.algorithms.base import scan_rounds
-
     data = ragged.arrays
     model = _model(ragged)
     algorithm = build("fedavg", model, _training(model), 4, 2)
     state = algorithm.init(data, jax.random.key(0))
     rounds_key = jax.random.key(3)
-    scanned, metrics = jax.jit(scan_rounds, static_argnums=(0, 5))(
-        algorithm, state, data, rounds_key, 1, 3)
+    scanned, metrics = scan(algorithm, state, data, rounds_key, 1, 3)
     step = jax.jit(algorithm.round)
     losses = []
     for r in range(1, 4):

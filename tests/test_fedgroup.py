@@ -6,10 +6,9 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import algorithm as build
-from conftest import planted_gaussian
+from conftest import planted_gaussian, wrapped
 from jax.flatten_util import ravel_pytree
 from sklearn.cluster import KMeans
 from sklearn.decomposition import TruncatedSVD
@@ -32,7 +31,7 @@ def planted():
 
 def _setup():
     model = make_model("mclr", (12,), 10)
-    return model, LocalTraining(model.apply, optax.sgd(0.05), batch_size=10)
+    return model, LocalTraining(model.apply, lr=0.05, batch_size=10)
 
 
 def test_edc_grouping_agrees_with_sklearn_pipeline(planted):
@@ -140,8 +139,8 @@ def test_flexcfl_migrates_swapped_clients_and_fedgroup_does_not(planted):
     data = planted.arrays
     aris = {}
     for name in ("flexcfl", "fedgroup"):
-        algorithm = with_shift(build(name, model, training, 40, 8, clusters=4, pretrain_scale=5),
-                               "swap_all", prob=1.0)
+        algorithm = wrapped(build(name, model, training, 40, 8, clusters=4, pretrain_scale=5),
+                            with_shift, "swap_all", shift_prob=1.0)
         state = algorithm.init(data, jax.random.key(0))
         chex.clear_trace_counter()  # both algorithms are wrapped by the same shift round
         step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))

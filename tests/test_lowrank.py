@@ -5,14 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import ragged_dataset
 from reference import reference_local_train
 
-from mcfl import engine, lowrank
+from mcfl import engine
 from mcfl.config import RunConfig
-from mcfl.engine import LocalTraining, RoundClients
+from mcfl.engine import LocalTraining, RoundClients, lowrank
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from mcfl.runner import run
@@ -29,8 +28,8 @@ def setup():
 
 
 def training(model, mode, mu=0.0, epochs=2, steps=None, batch=4):
-    return LocalTraining(model.apply, optax.sgd(LR), batch, local_epochs=epochs,
-                         local_steps=steps, mu=mu, sgd_lr=LR, dense_layers=model.dense_layers,
+    return LocalTraining(model.apply, batch_size=batch, lr=LR, local_epochs=epochs,
+                         local_steps=steps, mu=mu, dense_layers=model.dense_layers,
                          low_rank=mode)
 
 
@@ -61,15 +60,16 @@ def test_low_rank_equals_dense_path(setup, num_models, mu, steps, unroll, monkey
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), start)
     prox_scale = jnp.linspace(0.5, 2.0, c)
     weights = jnp.asarray(SIZES, jnp.float32)
-    collect = jax.jit(engine.train_and_collect, static_argnums=(0, 5))
-    aggregate = jax.jit(engine.train_and_aggregate, static_argnums=(0, 7, 8))
+    collect = jax.jit(engine.train_and_collect, static_argnames=("block_size",))
+    aggregate = jax.jit(engine.train_and_aggregate, static_argnums=(7,),
+                        static_argnames=("block_size",))
 
     def results(mode):
         t = training(model, mode, mu=mu, steps=steps, batch=8)  # at most 10 steps
         key = jax.random.key(1)
-        return (collect(t, data, key, models, selection, 3, prox_scale),
-                aggregate(t, data, key, models, selection, weights, start, num_models, 3,
-                          prox_scale))
+        return (collect(t, data, key, models, selection, prox_scale, block_size=3),
+                aggregate(t, data, key, models, selection, weights, start, num_models,
+                          prox_scale, block_size=3))
 
     # the per-client path does not depend on the threshold: computed once per case
     case = (num_models, mu, steps)
@@ -94,7 +94,7 @@ def test_low_rank_equals_plain_per_client_loop(setup):
     c = len(SIZES)
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.zeros(c, jnp.int32))
     trained, stats = engine.train_and_collect(t, data, key, jax.tree.map(lambda x: x[None],
-                                              params), selection, 4)
+                                              params), selection, block_size=4)
     for client in (0, 1, 4):
         expected, steps = reference_local_train(t, data, key, params, client)
         assert int(stats.steps[client]) == steps
@@ -113,7 +113,7 @@ def test_auto_takes_the_factored_path_only_where_it_is_cheaper():
                                     stacked) == 5
     assert engine.low_rank_capacity(training(model, "off", epochs=1, batch=10), data,
                                     stacked) is None
-    adam = training(model, "auto", epochs=1, batch=10)._replace(sgd_lr=None)
+    adam = training(model, "auto", epochs=1, batch=10).replace(optimizer="adam")
     assert engine.low_rank_capacity(adam, data, stacked) is None
 
 
@@ -148,9 +148,9 @@ def test_factored_cnn_layer_equals_the_per_client_path(block_size, mu, steps):
     data = ragged_dataset(sizes, num_features=64, num_classes=4, seed=5).arrays
     model = make_model("cnn-fmnist", (8, 8), 4, conv="matmul")  # 8 x 8 images: small kernels
     assert model.factored is not None and model.dense_layers is None
-    common = dict(local_epochs=2, local_steps=steps, mu=mu, sgd_lr=LR, factored=model.factored)
-    dense = LocalTraining(model.apply, optax.sgd(LR), 4, low_rank="off", **common)
-    factored = dense._replace(low_rank="on")
+    common = dict(local_epochs=2, local_steps=steps, mu=mu, factored=model.factored)
+    dense = LocalTraining(model.apply, batch_size=4, lr=LR, low_rank="off", **common)
+    factored = dense.replace(low_rank="on")
     models = jax.vmap(model.init)(jax.random.split(jax.random.key(1), 2))
     c = len(sizes)
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.arange(c, dtype=jnp.int32) % 2)
@@ -158,7 +158,7 @@ def test_factored_cnn_layer_equals_the_per_client_path(block_size, mu, steps):
     key = jax.random.key(4)
     assert engine.low_rank_capacity(factored, data, models) is not None
     out = [jax.jit(lambda t=t: engine.train_and_collect(t, data, key, models, selection,
-                                                        block_size, prox_scale))()
+                                                        prox_scale, block_size=block_size))()
            for t in (dense, factored)]
     assert max_diff(out[0][0], out[1][0]) < 2e-5
     np.testing.assert_array_equal(out[0][1].steps, out[1][1].steps)

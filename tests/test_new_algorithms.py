@@ -8,7 +8,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import algorithm as build
 from conftest import planted_gaussian, ragged_dataset
@@ -77,7 +76,7 @@ def test_trimmed_kmeans_matches_a_numpy_loop_and_trims_the_outliers():
 
 
 def _training(model, lr=0.1):
-    return LocalTraining(model.apply, optax.sgd(lr), batch_size=10, local_epochs=1)
+    return LocalTraining(model.apply, lr=lr, batch_size=10, local_epochs=1)
 
 
 @pytest.mark.parametrize("aggregator", ["median", "trimmed_mean"])
@@ -156,7 +155,7 @@ def test_fesem_ma_round_matches_the_per_client_loop():
     for c in clients:
         mu = 2 * lam * counts.mean() / counts[c]
         start = jax.tree.map(lambda m, c=c: m[assignment[c]], centers)
-        p, _ = reference_local_train(training._replace(mu=mu), data, train_key, start, int(c))
+        p, _ = reference_local_train(training.replace(mu=mu), data, train_key, start, int(c))
         p = jax.tree.map(lambda v: np.asarray(v, np.float64), p)
         k = int(np.argmin([((flat(p) - flat(o)) ** 2).sum() for o in old]))
         # match hidden units to the center by incoming weights and bias (Hungarian)
@@ -188,7 +187,7 @@ def test_clustered_baselines_beat_fedavg_on_planted_clusters(planted, name):
     find the clusters and fit each (as their papers report against FedAvg)."""
     data = planted.arrays
     model = make_model("mlp", (12,), 10, hidden=(16,))
-    training = LocalTraining(model.apply, optax.sgd(0.1), batch_size=10, local_epochs=2)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=2)
     results = {}
     for algo, extra in (("fedavg", {}), (name, {"clusters": 4})):
         algorithm = build(algo, model, training, 120, 16, **extra)

@@ -50,6 +50,13 @@ def test_the_readme_example_registers_a_working_algorithm(tmp_path):
             build_parser()._subparsers._group_actions[0].choices["run"].format_help().split())
         with pytest.raises(ConfigError, match="fedavgm_beta must be a number >= 0 and < 1"):
             mcfl.RunConfig(algorithm="fedavgm", fedavgm_beta=1.0)
+        # the new hyperparameter sweeps as one program, each member equal to its own run
+        swept = mcfl.sweep(config, seeds=1, grid={"fedavgm_beta": [0.0, 0.5]})
+        assert len(swept.groups) == 1 and swept.groups[0]["traced"] == ["fedavgm_beta"]
+        finals = [m["final_accuracy_micro"] for m in swept.members]
+        assert finals[1] == pytest.approx(result.summary["final_accuracy_micro"], abs=1e-6)
+        alone = mcfl.run(config.replace(fedavgm_beta=0.0)).summary["final_accuracy_micro"]
+        assert finals[0] == pytest.approx(alone, abs=1e-6)
     finally:
         registry.REGISTRY.pop("fedavgm", None)
 

@@ -8,9 +8,8 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from conftest import algorithm as build
-from conftest import ragged_dataset
+from conftest import ragged_dataset, wrapped
 from reference import reference_local_train
 
 import mcfl
@@ -45,8 +44,9 @@ def test_fedavg_trains_the_scheduled_clients():
     dataset = ragged_dataset([3, 30, 17, 40, 9, 64, 12])
     data = dataset.arrays
     model = make_model("mclr", (5,), dataset.num_classes)
-    training = LocalTraining(model.apply, optax.sgd(0.05), batch_size=10)
-    algorithm = with_schedule(build("fedavg", model, training, 3, 3), "round_robin_first", 3)
+    training = LocalTraining(model.apply, lr=0.05, batch_size=10)
+    algorithm = wrapped(build("fedavg", model, training, 3, 3), with_schedule,
+                        "round_robin_first", 3)
     state = algorithm.init(data, jax.random.key(0))
     params = state[0].params
     key = jax.random.key(7)

@@ -7,10 +7,9 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from conftest import algorithm as build
-from conftest import ragged_dataset
+from conftest import ragged_dataset, wrapped
 from reference import reference_fedavg_round
 
 import mcfl
@@ -31,9 +30,9 @@ def _rows_of(data, client, split="train"):
 
 def _algorithm(dataset, kind, prob=1.0, interval=2):
     model = make_model("mclr", (5,), dataset.num_classes)
-    training = LocalTraining(model.apply, optax.sgd(0.05), batch_size=10)
+    training = LocalTraining(model.apply, lr=0.05, batch_size=10)
     algorithm = build("fedavg", model, training, dataset.num_clients, 4)
-    return model, training, with_shift(algorithm, kind, prob, interval)
+    return model, training, wrapped(algorithm, with_shift, kind, interval, shift_prob=prob)
 
 
 def test_swap_all_swaps_every_row_of_two_clients():

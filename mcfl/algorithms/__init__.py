@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import optax
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional
+
 
 # Importing a module registers its algorithms; this order is the order of the CLI's choices
 # and of the README's table.
@@ -21,7 +24,8 @@ from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
 from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl import settings
+from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
@@ -33,65 +37,64 @@ __all__ = [
     "AlgorithmContext",
     "AlgorithmSpec",
     "FederatedAlgorithm",
+    "Hyperparams",
     "build",
     "build_algorithm",
     "context_of",
     "get",
+    "hyperparams",
     "local_training",
     "names",
     "register",
 ]
 
 
-def client_optimizer(config: RunConfig) -> optax.GradientTransformation:
-    """The clients' optax optimizer named by the config (weight decay as an L2 gradient term)."""
-    if config.client_optimizer == "sgd":
-        opt = optax.sgd(config.lr)
-    elif config.client_optimizer == "momentum":
-        opt = optax.sgd(config.lr, momentum=config.momentum)
-    else:
-        opt = optax.adam(config.lr)
-    if config.weight_decay > 0:
-        opt = optax.chain(optax.add_decayed_weights(config.weight_decay), opt)
-    return opt
-
-
-def local_training(config: RunConfig, model: ModelSpec) -> LocalTraining:
+def local_training(config: RunConfig, model: ModelSpec,
+                   values: Optional[Mapping[str, Any]] = None) -> LocalTraining:
     """The clients' local training the config describes (no proximal term: an algorithm that
-    wants one, FedProx or FeSEM, adds its own)."""
+    wants one, FedProx or FeSEM, adds its own); `values` (flat keys, e.g. traced arrays of a
+    sweep's members) replace the config's traced settings."""
+    values = values or {}
     return LocalTraining(
         apply_fn=model.apply,
-        optimizer=client_optimizer(config),
         batch_size=config.batch_size,
+        lr=values.get("lr", config.lr),
         local_epochs=config.local_epochs,
         local_steps=config.local_steps,
-        sgd_lr=config.lr if plain_sgd(config) else None,
+        optimizer=config.client_optimizer,
+        momentum=values.get("momentum", config.momentum),
+        weight_decay=config.weight_decay,
         dense_layers=model.dense_layers,
         low_rank=config.low_rank,
         factored=model.factored,
     )
 
 
-def plain_sgd(config: RunConfig) -> bool:
-    """Whether the clients' optimizer is ``optax.sgd(lr)`` and nothing else."""
-    return config.client_optimizer == "sgd" and config.weight_decay == 0
+def hyperparams(config: RunConfig, model: ModelSpec,
+                values: Optional[Mapping[str, Any]] = None) -> Hyperparams:
+    """What the config's algorithm runs with (`base.Hyperparams`): the config's values, or
+    `values` (by flat key: a sweep member's traced settings) in their place."""
+    values = values or {}
+    fields = settings.fields_of(type(config.params))
+    own = {fields[k].name: v for k, v in values.items() if k in fields}
+    params = dataclasses.replace(config.params, **own) if own else config.params
+    return Hyperparams(local_training(config, model, values), params,
+                       values.get("shift_prob", config.shift_prob))
 
 
-def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
-               block_size: int) -> AlgorithmContext:
+def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int) -> AlgorithmContext:
     """What every algorithm is built from, as the config says."""
-    return AlgorithmContext(model, local_training(config, model), clients_per_round, block_size,
-                            config.clusters if config.clustered else 1, config.lr)
+    return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1)
 
 
-def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
-                    block_size: int) -> FederatedAlgorithm:
-    """The config's algorithm with its hyperparameters, trained on data that shifts if the
-    config asks for it, on the clients its schedule names."""
+def build_algorithm(config: RunConfig, model: ModelSpec,
+                    clients_per_round: int) -> FederatedAlgorithm:
+    """The config's algorithm, trained on data that shifts if the config asks for it, on the
+    clients its schedule names. Built once; its hyperparameters come with each call
+    (`hyperparams`)."""
     from mcfl.schedule import with_schedule
     from mcfl.shift import with_shift
 
-    context = context_of(config, model, clients_per_round, block_size)
-    algorithm = get(config.algorithm).factory(context, config.params)
-    shifted = with_shift(algorithm, config.shift, config.shift_prob, config.shift_interval)
+    algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round))
+    shifted = with_shift(algorithm, config.shift, config.shift_interval)
     return with_schedule(shifted, config.client_sampling, clients_per_round)

@@ -1,10 +1,17 @@
 """What every algorithm is: a NamedTuple of pure functions over an immutable state pytree.
 
-``init(data, key) -> state``; ``round(state, data, key) -> (state, metrics)``, jittable, with
-`metrics` a dict of scalars; ``client_models(state) -> (models [M, ...], index [C])`` says which
-model evaluates each client (M = 1 for one global model, K for clusters, C for local models);
-clustered algorithms also give ``assignments(state) -> [C]``, each client's cluster.
-Hyperparameters are closed over by the factory that builds the tuple (as optax does).
+``init(data, key, hp) -> state``; ``round(state, data, key, hp) -> (state, metrics)``,
+jittable, with `metrics` a dict of scalars; ``client_models(state) -> (models [M, ...],
+index [C])`` says which model evaluates each client (M = 1 for one global model, K for
+clusters, C for local models); clustered algorithms also give ``assignments(state) -> [C]``,
+each client's cluster.
+
+Hyperparameters are an argument, as evosax's ``ask(key, state, params)`` takes its params:
+`hp` (`Hyperparams`) holds the clients' local training, with its learning rate, and the
+algorithm's own hyperparameters (its registered dataclass, ``hp.params``). Both are pytrees
+whose leaves are the traced settings (floats), so a sweep over them is a vmap over `hp` and
+the algorithm is built once; their static fields (ints, strings, booleans, floats marked
+`settings.Static`) are Python values when the round is traced, free to shape it.
 """
 
 from __future__ import annotations
@@ -12,12 +19,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.engine import ClientStats
+from mcfl.engine import ClientStats, LocalTraining
 
 State = Any
+
+
+class Hyperparams(flax.struct.PyTreeNode):
+    """The numbers an algorithm runs with: the clients' local training (`lr`, `momentum`
+    traced; the optimizer, batch and epochs static), the algorithm's own hyperparameters
+    (`params`, its registered dataclass) and the chance of a distribution-shift event a round
+    (`shift_prob`, read by `mcfl.shift`). Leaves are arrays in a sweep, Python floats in a
+    single run (baked into the program)."""
+
+    training: LocalTraining
+    params: Any
+    shift_prob: Any = 0.0
 
 
 class FederatedAlgorithm(NamedTuple):
@@ -50,17 +70,17 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
     }
 
 
-def scan_rounds(algorithm: FederatedAlgorithm, state, data, rounds_key: jax.Array,
-                first_round, num_rounds: int, record: Optional[Callable[[State], Any]] = None):
-    """Run rounds ``first_round .. first_round + num_rounds - 1`` as one `lax.scan`, with no host
-    round-trip between them; round r uses ``fold_in(rounds_key, r)`` as `mcfl.run` does, so the
-    result equals running them one by one. Returns the final state and each metric stacked
-    [num_rounds]; with `record`, ``(metrics, record(state))`` after each round is stacked
-    instead (the runner records cluster assignments this way). Jit it with `num_rounds` static."""
+def scan_rounds(algorithm: FederatedAlgorithm, hp: Hyperparams, state, data,
+                rounds_key: jax.Array, first_round, num_rounds: int):
+    """Run rounds ``first_round .. first_round + num_rounds - 1`` of `algorithm` with `hp` as
+    one `lax.scan`, with no host round-trip between them; round r uses
+    ``fold_in(rounds_key, r)`` as `mcfl.run` does, so the result equals running them one by
+    one. Returns the final state and each metric stacked [num_rounds]. Jit it with `num_rounds`
+    static."""
 
     def body(carry, r):
-        new_state, metrics = algorithm.round(carry, data, jax.random.fold_in(rounds_key, r))
-        return new_state, (metrics if record is None else (metrics, record(new_state)))
+        new_state, metrics = algorithm.round(carry, data, jax.random.fold_in(rounds_key, r), hp)
+        return new_state, metrics
 
     rounds = first_round + jnp.arange(num_rounds, dtype=jnp.int32)
     return jax.lax.scan(body, state, rounds)

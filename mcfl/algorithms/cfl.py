@@ -69,8 +69,9 @@ class CFLParams:
           summary="FedAvg in each cluster; a cluster whose mean update norm < eps1 while a "
           "member's > eps2 (both times the warm-up update norm, or absolute) is bipartitioned "
           "by complete linkage on the cosine of updates; up to K clusters")
-def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> FederatedAlgorithm:
-    """CFL with up to K = ``context.num_clusters`` clusters and split thresholds eps1 <= eps2.
+def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
+    """CFL with up to K = ``context.num_clusters`` clusters and split thresholds eps1 <= eps2
+    (``hp.params``).
 
     The reference code's thresholds (eps1 0.4, eps2 1.6) are update norms of its EMNIST model:
     on other data or models CFL with them never splits, or splits at once. By default
@@ -81,21 +82,20 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
     (REPRODUCTION.md); rounds.csv records ``split_mean_norm`` and ``split_max_norm`` in the
     same units to tune them. Like the reference code, nothing checks that the two halves
     differ: on data without clusters CFL still splits once the updates are noise."""
-    model, training = context.model, context.training
-    clients_per_round, block_size = context.clients_per_round, context.block_size
+    model, clients_per_round = context.model, context.clients_per_round
     max_clusters = context.num_clusters
-    eps1, eps2, warmup = params.eps1, params.eps2, params.warmup
-    relative = params.thresholds == "relative"
 
-    def init(data, key):
+    def init(data, key, hp):
+        del hp
         models = stack(model.init(key), max_clusters)
         active = jnp.zeros((max_clusters,), bool).at[0].set(True)
         base = ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
         return CFLState(base.models, base.assignment, base.active, base.round, base.sizes,
                         jnp.zeros((), jnp.float32))
 
-    def split_clusters(state, start, updates, weights):
+    def split_clusters(state, start, updates, weights, params):
         """Bipartition every eligible cluster; returns new member clusters [S] and `active`."""
+        eps1, eps2, warmup = params.eps1, params.eps2, params.warmup
         norms = jnp.linalg.norm(updates, axis=1)  # [S]
         one_hot = jax.nn.one_hot(start, max_clusters)  # [S, K]
         sums, totals = segment_sums(updates, start, weights, max_clusters)
@@ -103,6 +103,7 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
         mean_norm = jnp.linalg.norm(mean_update, axis=1)
         max_norm = jnp.max(jnp.where(one_hot > 0, norms[:, None], 0.0), axis=0)
         members = one_hot.sum(0)
+        relative = params.thresholds == "relative"
         scale = jnp.maximum(state.update_scale, 1e-30) if relative else 1.0
         eligible = (state.active & (state.round >= warmup) & (mean_norm < eps1 * scale)
                     & (max_norm > eps2 * scale) & (members > 2))
@@ -130,13 +131,13 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
                 jnp.max(jnp.where(tested, max_norm, 0.0)) / scale)
         return member_cluster, active, seen
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
+        warmup = hp.params.warmup
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, clients_per_round)
         start = state.assignment[clients]
-        trained, stats = train_and_collect(
-            training, data, train_key, state.models, RoundClients(clients, start), block_size
-        )
+        trained, stats = train_and_collect(hp.training, data, train_key, state.models,
+                                           RoundClients(clients, start))
         parents = jax.tree.map(lambda m: m[start], state.models)
         trained_flat = flat_models(trained)  # [S, d]
         updates = trained_flat - flat_models(parents)
@@ -149,7 +150,7 @@ def cfl(context: AlgorithmContext, params: CFLParams = CFLParams()) -> Federated
                           state.update_scale)
         state = state.replace(update_scale=scale)
         member_cluster, active, (mean_seen, max_seen) = split_clusters(state, start, updates,
-                                                                       weights)
+                                                                       weights, hp.params)
         # A new half starts from its parent's model, then every cluster takes its members'
         # weighted mean update.
         parent_of = jnp.arange(max_clusters).at[member_cluster].set(start)

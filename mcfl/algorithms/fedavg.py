@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import LocalTraining, RoundClients, segment_mean, train_and_aggregate
+from mcfl.engine import RoundClients, segment_mean, train_and_aggregate
 from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
@@ -31,29 +31,30 @@ class FedProxParams(FedAvgParams):
                         "as in the authors' code)", minimum=0)
 
 
-def averaging(context: AlgorithmContext, training: LocalTraining, server_lr: float, name: str,
+def averaging(context: AlgorithmContext, name: str, server_lr, proximal: bool = False,
               size_weighted: bool = True) -> FederatedAlgorithm:
-    """Sampled clients train from the global model; the server moves it by `server_lr`
+    """Sampled clients train from the global model (with FedProx's proximal term when
+    `proximal`: weight ``hp.params.mu``); the server moves it by ``server_lr(hp.params)``
     toward their average, weighted by n_i (`size_weighted`) or plain. FedAvg, FedProx and the
     Reptile-style FedDist / FedDWS are this with different settings."""
 
-    def init(data, key):
-        del data
+    def init(data, key, hp):
+        del data, hp
         return GlobalModelState(context.model.init(key))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
         samples = data.train_counts[clients]
         weights = samples if size_weighted else jnp.ones_like(samples)
+        training = hp.training.replace(mu=hp.params.mu) if proximal else hp.training
         start = stack(state.params)
         sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, start, RoundClients(clients, zeros), weights, zeros, 1,
-            context.block_size,
-        )
+            training, data, train_key, start, RoundClients(clients, zeros), weights, zeros, 1)
         average = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
-        params = jax.tree.map(lambda p, a: p + server_lr * (a - p), state.params, average)
+        step = server_lr(hp.params)
+        params = jax.tree.map(lambda p, a: p + step * (a - p), state.params, average)
         return GlobalModelState(params), training_metrics(samples, stats)
 
     def client_models(state):
@@ -65,15 +66,15 @@ def averaging(context: AlgorithmContext, training: LocalTraining, server_lr: flo
 @register("fedavg", FedAvgParams, reference="McMahan et al., 2017",
           summary="sampled clients train from the global model; the server averages their "
           "models weighted by n_i")
-def fedavg(context: AlgorithmContext, params: FedAvgParams = FedAvgParams()) -> FederatedAlgorithm:
-    """FedAvg; with ``context.training.mu > 0`` every local step adds a proximal term."""
-    return averaging(context, context.training, params.server_lr, "fedavg")
+def fedavg(context: AlgorithmContext) -> FederatedAlgorithm:
+    """FedAvg (McMahan et al., 2017, Algorithm 1), with a server step ``hp.params.server_lr``
+    toward the clients' average (1: the plain average)."""
+    return averaging(context, "fedavg", lambda p: p.server_lr)
 
 
 @register("fedprox", FedProxParams, reference="Li et al., 2020, FedProx",
           summary="FedAvg whose clients minimise F_i(W) + (mu/2)‖W − W_t‖² (Eq. 2)")
-def fedprox(context: AlgorithmContext,
-            params: FedProxParams = FedProxParams()) -> FederatedAlgorithm:
-    """FedProx: FedAvg with the proximal term in every local step."""
-    return averaging(context, context.training._replace(mu=params.mu), params.server_lr,
-                     "fedprox")
+def fedprox(context: AlgorithmContext) -> FederatedAlgorithm:
+    """FedProx (Li et al., 2020): FedAvg with the proximal term of Eq. 2 in every local
+    step."""
+    return averaging(context, "fedprox", lambda p: p.server_lr, proximal=True)

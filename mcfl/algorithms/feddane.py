@@ -16,6 +16,7 @@ counts both exchanges: 2 S models down and 2 S up.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    block_size_for,
     by_length,
     ceil_div,
     gradient_of_client,
@@ -46,8 +48,8 @@ def client_gradients(
     data: FederatedData,
     start_models: PyTree,
     selection: RoundClients,
-    block_size: int,
     chunk: int = CLIENT_ROWS_CHUNK,
+    block_size: Optional[int] = None,
 ) -> tuple[PyTree, jax.Array]:
     """Each selected client's full-batch gradient of its mean training loss at its start model,
     stacked [S, ...] in selection order, and its loss [S] (FedDANE's first exchange)."""
@@ -55,6 +57,7 @@ def client_gradients(
     inputs = {"client": selection.clients, "start": selection.start_index,
               "chunks": ceil_div(counts, chunk)}
     block_fn = by_length(gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
+    block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
     return map_clients(block_fn, inputs, inputs["chunks"], block_size)
 
 
@@ -67,32 +70,29 @@ class FedDANEParams:
 @register("feddane", FedDANEParams, reference="Li et al., 2019, FedDANE",
           summary="clients send full gradients; each then minimises F_k(W) + <g - grad F_k(W_t), "
           "W> + (mu/2)‖W − W_t‖² by local SGD; the server averages (two exchanges a round)")
-def feddane(context: AlgorithmContext,
-            params: FedDANEParams = FedDANEParams()) -> FederatedAlgorithm:
+def feddane(context: AlgorithmContext) -> FederatedAlgorithm:
     model = context.model
-    # The correction is per client, so the factored paths (one shared product per block) do
-    # not apply: the engine trains corrected clients on the per-client path.
-    training = context.training._replace(mu=params.mu)
 
-    def init(data, key):
-        del data
+    def init(data, key, hp):
+        del data, hp
         return GlobalModelState(model.init(key))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         start = stack(state.params)
         selection = RoundClients(clients, zeros)
-        grads, _ = client_gradients(model.apply, data, start, selection, context.block_size)
+        grads, _ = client_gradients(model.apply, data, start, selection)
         sums, totals = segment_sums(grads, zeros, weights, 1)
         mean_grad = jax.tree.map(lambda s: s[0] / jnp.maximum(totals[0], 1e-30), sums)
         correction = jax.tree.map(lambda g, m: m[None] - g, grads, mean_grad)  # [S, ...]
+        # The correction is per client, so the factored paths (one shared product per
+        # block) do not apply: the engine trains corrected clients on the per-client path.
         sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, start, selection._replace(correction=correction),
-            weights, zeros, 1, context.block_size,
-        )
+            hp.training.replace(mu=hp.params.mu), data, train_key, start,
+            selection._replace(correction=correction), weights, zeros, 1)
         params_ = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
         metrics = training_metrics(weights, stats)
         metrics["models_down"] = metrics["models_down"] * 2  # W_t, then g_t

@@ -27,13 +27,11 @@ class FedDistParams:
 @register("feddist", FedDistParams, reference="Xie et al. (FeSEM paper, baseline 9); Reptile",
           summary="FedAvg's round with a Reptile server step: W <- W - eps * mean_k(W - W_k), "
           "clients weighted equally")
-def feddist(context: AlgorithmContext,
-            params: FedDistParams = FedDistParams()) -> FederatedAlgorithm:
-    return averaging(context, context.training, params.eps, "feddist", size_weighted=False)
+def feddist(context: AlgorithmContext) -> FederatedAlgorithm:
+    return averaging(context, "feddist", lambda p: p.eps, size_weighted=False)
 
 
 @register("feddws", FedDistParams, reference="Xie et al. (FeSEM paper, baseline 10)",
           summary="FedDist with the clients weighted by their samples n_k / sum_j n_j")
-def feddws(context: AlgorithmContext,
-           params: FedDistParams = FedDistParams()) -> FederatedAlgorithm:
-    return averaging(context, context.training, params.eps, "feddws", size_weighted=True)
+def feddws(context: AlgorithmContext) -> FederatedAlgorithm:
+    return averaging(context, "feddws", lambda p: p.eps, size_weighted=True)

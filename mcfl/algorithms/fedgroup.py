@@ -56,7 +56,6 @@ from mcfl.engine import (
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.engine.lowrank import maybe_nonzero
 from mcfl.errors import ConfigError
 from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
@@ -154,31 +153,28 @@ class FlexCFLParams(FedGroupParams):
           summary="group cold start: alpha*K clients pre-train from W_0 and are grouped by EDC "
           "(or MADC); newcomers pre-train when first sampled and join the most similar group; "
           "FedAvg per group, optional inter-group aggregation (eta_g)")
-def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(),
-             migration: str | None = None, name: str = "fedgroup") -> FederatedAlgorithm:
+def fedgroup(context: AlgorithmContext, migrates: bool = False,
+             name: str = "fedgroup") -> FederatedAlgorithm:
     """FedGroup with K = ``context.num_clusters`` groups found from pretrain_scale * K
-    pre-trained clients; with `migration` ("label" or "counts") it is FlexCFL (`flexcfl`)."""
-    model, training = context.model, context.training
-    clients_per_round, block_size = context.clients_per_round, context.block_size
+    pre-trained clients; with `migrates` (the test: ``hp.params.migration``) it is FlexCFL
+    (`flexcfl`)."""
+    model, clients_per_round = context.model, context.clients_per_round
     num_groups = context.num_clusters
-    pretrain_scale, measure, eta_g = params.pretrain_scale, params.measure, params.eta_g
 
-    def pretrain(data, key, w0, clients, active=None):
+    def pretrain(data, key, w0, clients, hp, active=None):
         """[S, d] pre-training updates dW of `clients`, each trained from W_0 (only the
         `active` ones train; the others' rows are zeros)."""
-        trained, _ = train_and_collect(
-            training, data, key, stack(w0),
-            RoundClients(clients, jnp.zeros_like(clients), active), block_size,
-        )
+        trained, _ = train_and_collect(hp.training, data, key, stack(w0),
+                                       RoundClients(clients, jnp.zeros_like(clients), active))
         return flat_models(trained) - ravel_pytree(w0)[0][None], trained
 
-    def init(data, key):
+    def init(data, key, hp):
         init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
         w0 = model.init(init_key)
-        m = pretrain_scale * num_groups
+        m = hp.params.pretrain_scale * num_groups
         cold = sample_clients(pick_key, data.num_clients, m)
-        updates, trained = pretrain(data, train_key, w0, cold)
-        labels = group_of_updates(updates, num_groups, measure, group_key)
+        updates, trained = pretrain(data, train_key, w0, cold, hp)
+        labels = group_of_updates(updates, num_groups, hp.params.measure, group_key)
         models = cluster_means(trained, labels, num_groups)
         directions = flat_models(models) - ravel_pytree(w0)[0][None]
         assignment = jnp.full((data.num_clients,), -1, jnp.int32).at[cold].set(labels)
@@ -186,29 +182,31 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
                           jnp.float32(m), label_counts(data), jnp.zeros((), bool),
                           cluster_sizes(assignment, num_groups))
 
-    def join(state, data, key, clients, active):
+    def join(state, data, key, clients, active, hp):
         """Groups the `active` clients join after pre-training from W_0: argmin_g (1 - cos) / 2
         (computed only in rounds with at least one, under `lax.cond`); under RAC, random
         groups without pre-training."""
-        if params.newcomers == "random":
+        if hp.params.newcomers == "random":
             return jax.random.randint(key, clients.shape, 0, num_groups, jnp.int32)
 
         def pretrain_and_join(_):
-            updates, _ = pretrain(data, key, state.w0, clients, active)
+            updates, _ = pretrain(data, key, state.w0, clients, hp, active)
             cos = cosine_similarity(updates, state.directions)  # [S, K]
             return jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
 
         return jax.lax.cond(jnp.any(active), pretrain_and_join,
                             lambda _: jnp.zeros_like(clients), None)
 
-    def migrate(state, data, key):
+    def migrate(state, data, key, hp):
         """Redo the cold start of up to S clients whose label distribution moved (FlexCFL)."""
         now = label_counts(data)
         tau = 0.2 * now.sum(1) / data.num_classes
-        moved = (state.assignment >= 0) & (label_shift(now, state.joined_labels, migration) > tau)
+        shift = label_shift(now, state.joined_labels, hp.params.migration)
+        moved = (state.assignment >= 0) & (shift > tau)
         batch = jnp.argsort(~moved, stable=True)[:clients_per_round].astype(jnp.int32)
         valid = moved[batch]
-        groups = jnp.where(valid, join(state, data, key, batch, valid), state.assignment[batch])
+        groups = jnp.where(valid, join(state, data, key, batch, valid, hp),
+                           state.assignment[batch])
         assignment, sizes = reassign(state.assignment, state.sizes, batch, groups)
         target = jnp.where(valid, batch, data.num_clients)  # out of range: dropped
         joined = state.joined_labels.at[target].set(now[batch], mode="drop")
@@ -216,35 +214,34 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
         return (state.replace(assignment=assignment, sizes=sizes, joined_labels=joined,
                               migration_pending=pending), jnp.sum(valid))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, cold_key, train_key, migrate_key = jax.random.split(key, 4)
         migrated = jnp.zeros((), jnp.int32)
-        if migration is not None:
+        if migrates:
             # Label counts change only when the data moves: test all clients only then.
             state, migrated = jax.lax.cond(
                 data.owners_changed | state.migration_pending,
-                lambda s: migrate(s, data, migrate_key),
+                lambda s: migrate(s, data, migrate_key, hp),
                 lambda s: (s, jnp.zeros((), jnp.int32)), state)
         clients = round_clients(data, sample_key, clients_per_round)
         current = state.assignment[clients]
         newcomer = current < 0
-        joined = join(state, data, cold_key, clients, newcomer)
+        joined = join(state, data, cold_key, clients, newcomer, hp)
         group = jnp.where(newcomer, joined, current)
         weights = data.train_counts[clients]
         sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, state.models, RoundClients(clients, group), weights,
-            group, num_groups, block_size,
-        )
-        models = segment_mean(sums, weight_sums, state.models)
-        if maybe_nonzero(eta_g):
-            models = inter_group_aggregation(models, eta_g)
+            hp.training, data, train_key, state.models, RoundClients(clients, group), weights,
+            group, num_groups)
+        # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.
+        models = inter_group_aggregation(segment_mean(sums, weight_sums, state.models),
+                                         hp.params.eta_g)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, group)
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(
             label_counts(data)[clients], mode="drop")
         metrics = training_metrics(weights, stats)
         # Newcomers download W_0 and upload dW once (not under RAC: they pre-train nothing);
         # the group cold start is counted in round 1.
-        joining = 0 if params.newcomers == "random" else jnp.sum(newcomer) + migrated
+        joining = 0 if hp.params.newcomers == "random" else jnp.sum(newcomer) + migrated
         cold = jnp.asarray(joining, jnp.float32) + jnp.where(
             state.round == 0, state.cold_start_models, 0.0)
         metrics["models_down"] = metrics["models_down"] + cold
@@ -270,7 +267,6 @@ def fedgroup(context: AlgorithmContext, params: FedGroupParams = FedGroupParams(
 @register("flexcfl", FlexCFLParams, clustered=True, reference="Duan et al., 2021, FlexCFL",
           summary="FedGroup plus client migration: before each round, a grouped client whose "
           "label distribution moved more than tau_i = 0.2 n_i / classes redoes its cold start")
-def flexcfl(context: AlgorithmContext,
-            params: FlexCFLParams = FlexCFLParams()) -> FederatedAlgorithm:
+def flexcfl(context: AlgorithmContext) -> FederatedAlgorithm:
     """FlexCFL (paper 004): FedGroup plus client migration under distribution shift."""
-    return fedgroup(context, params, migration=params.migration, name="flexcfl")
+    return fedgroup(context, migrates=True, name="flexcfl")

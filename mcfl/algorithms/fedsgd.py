@@ -3,6 +3,8 @@ server averages them (weighted by n_i) and takes one step of its optimizer."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    block_size_for,
     by_length,
     ceil_div,
     gradient_of_client,
@@ -32,8 +35,8 @@ def gradients_and_aggregate(
     weights: jax.Array,
     segments: jax.Array,
     num_segments: int,
-    block_size: int,
-    chunk: int,
+    chunk: int = CLIENT_ROWS_CHUNK,
+    block_size: Optional[int] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """FedSGD's client work: each selected client's full-batch gradient at its start model,
     reduced into weighted per-segment sums. Returns (sums, weight_sums, loss [S])."""
@@ -53,6 +56,7 @@ def gradients_and_aggregate(
         return grads, block["segment"], loss
 
     like = jax.tree.map(lambda m: m[0], start_models)
+    block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
     sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
                                                   num_segments, like)
     return sums, weight_sums, loss
@@ -66,37 +70,29 @@ class FedSGDState(flax.struct.PyTreeNode):
 @register("fedsgd", reference="McMahan et al., 2017",
           summary="each sampled client computes its full-batch gradient; the server averages "
           "them (weighted by n_i) and takes one SGD step of size --lr")
-def fedsgd(context: AlgorithmContext, params=None,
-           chunk: int = CLIENT_ROWS_CHUNK) -> FederatedAlgorithm:
-    """FedSGD with the server optimizer ``optax.sgd(context.lr)``. Each client's gradient is
-    accumulated over chunks of `chunk` rows, so any client size fits in memory."""
-    del params
-    model, clients_per_round, block_size = (context.model, context.clients_per_round,
-                                            context.block_size)
-    server_optimizer = optax.sgd(context.lr)
+def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> FederatedAlgorithm:
+    """FedSGD with the server optimizer ``optax.sgd(lr)``, lr the run's one learning rate
+    (``hp.training.lr``). Each client's gradient is accumulated over chunks of `chunk` rows, so
+    any client size fits in memory."""
+    model, clients_per_round = context.model, context.clients_per_round
 
-    def init(data, key):
+    def server_optimizer(hp):
+        return optax.sgd(hp.training.lr)
+
+    def init(data, key, hp):
         del data
         params = model.init(key)
-        return FedSGDState(params, server_optimizer.init(params))
+        return FedSGDState(params, server_optimizer(hp).init(params))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         clients = round_clients(data, key, clients_per_round)
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
         sums, weight_sums, losses = gradients_and_aggregate(
-            model.apply,
-            data,
-            stack(state.params),
-            RoundClients(clients, zeros),
-            weights,
-            zeros,
-            1,
-            block_size,
-            chunk,
-        )
+            model.apply, data, stack(state.params), RoundClients(clients, zeros), weights,
+            zeros, 1, chunk)
         grad = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
-        updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
+        updates, opt_state = server_optimizer(hp).update(grad, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         w = weights.astype(jnp.float32)
         metrics = {

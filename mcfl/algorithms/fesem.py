@@ -91,52 +91,51 @@ def prox_scale(data, clients: jax.Array) -> jax.Array:
           summary="sampled clients train from their center with Eq. 8's proximal term; E-step: "
           "each joins its nearest center (Eq. 9); M-step: centers become their members' mean "
           "(Eq. 10); initialised by k-means with restarts on one round of local models")
-def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
-          name: str = "fesem", align_to_centers=None) -> FederatedAlgorithm:
-    """FeSEM with K = ``context.num_clusters`` centers and distance weight lambda.
+def fesem(context: AlgorithmContext, name: str = "fesem",
+          align_to_centers=None) -> FederatedAlgorithm:
+    """FeSEM with K = ``context.num_clusters`` centers and distance weight lambda
+    (``hp.params.lam``).
 
     The default lambda = 0.05 gives a proximal weight mu = 2 lambda = 0.1 for a client of
     average size, the FedProx mu used in the FeSEM paper's baselines. With
     `align_to_centers(block, centers)`, each block of trained models is aligned to the centers
     its clients joined before the M-step averages them (FeSEM-MA).
     """
-    model, training = context.model, context.training
-    clients_per_round, block_size = context.clients_per_round, context.block_size
+    model, clients_per_round = context.model, context.clients_per_round
     num_clusters = context.num_clusters
-    lam, restarts = params.lam, params.restarts
-    last_layer, weighted = params.last_layer, params.weighted
-    features = features_fn(last_layer)
-    local = training._replace(mu=2.0 * lam)
 
-    def m_step_weights(data, clients):
-        return data.train_counts[clients] if weighted else jnp.ones(clients.shape, jnp.int32)
+    def m_step_weights(data, clients, params):
+        if params.weighted:
+            return data.train_counts[clients]
+        return jnp.ones(clients.shape, jnp.int32)
 
-    def init(data, key):
+    def init(data, key, hp):
+        last_layer = hp.params.last_layer
         init_key, train_key, kmeans_key = jax.random.split(key, 3)
         w0 = model.init(init_key)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         selection = RoundClients(clients, jnp.zeros_like(clients))
-        plain = training._replace(mu=0.0)
+        plain = hp.training.replace(mu=None)  # the start trains without a proximal term
         # Only the clients' features are collected ([C, d] flattened models, or [C, f] last
         # dense kernels), never the stacked models besides: 500 FashionMNIST CNNs are 6.5 GB.
-        points, _ = train_and_collect(plain, data, train_key, stack(w0), selection, block_size,
+        points, _ = train_and_collect(plain, data, train_key, stack(w0), selection,
                                       features=lambda block: stacked_features(block, last_layer))
-        result = kmeans(kmeans_key, points, num_clusters, restarts=restarts)
+        result = kmeans(kmeans_key, points, num_clusters, restarts=hp.params.restarts)
         labels = result.labels.astype(jnp.int32)
-        weights = m_step_weights(data, clients)
+        weights = m_step_weights(data, clients, hp.params)
         if last_layer:  # the centers need whole models: a second, streamed pass (same models)
             sums, weight_sums, _, _ = train_and_aggregate(
-                plain, data, train_key, stack(w0), selection, weights, labels, num_clusters,
-                block_size)
+                plain, data, train_key, stack(w0), selection, weights, labels, num_clusters)
             centers = segment_mean(sums, weight_sums, stack(w0, num_clusters))
         else:
             centers = unravel_rows(cluster_means(points, labels, num_clusters, weights), w0)
         return ClusterState.create(centers, labels, jnp.ones((num_clusters,), bool))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, clients_per_round)
         start = state.assignment[clients]
+        features = features_fn(hp.params.last_layer)
         center_features = jax.vmap(features)(state.models)
 
         def e_step(trained_block):
@@ -148,12 +147,11 @@ def fesem(context: AlgorithmContext, params: FeSEMParams = FeSEMParams(),
                 joined = jax.tree.map(lambda m: m[segment], state.models)
                 return align_to_centers(trained_block, joined)
 
-        weights = m_step_weights(data, clients)
+        weights = m_step_weights(data, clients, hp.params)
+        local = hp.training.replace(mu=2.0 * hp.params.lam)
         sums, weight_sums, segment, stats = train_and_aggregate(
             local, data, train_key, state.models, RoundClients(clients, start), weights,
-            start, num_clusters, block_size, prox_scale(data, clients), assign=e_step,
-            align=align,
-        )
+            start, num_clusters, prox_scale(data, clients), assign=e_step, align=align)
         return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
                             data.train_counts[clients], num_clusters)
 

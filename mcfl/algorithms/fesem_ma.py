@@ -24,7 +24,7 @@ from mcfl.algorithms.registry import AlgorithmContext, register
           reference="Xie et al., 2020 / 2023, Multi-Center FL (FeSEM-MA)",
           summary="FeSEM whose M-step first permutes each member's hidden units to match its "
           "center's (Hungarian assignment, layer by layer), then averages")
-def fesem_ma(context: AlgorithmContext, params: FeSEMParams | None = None) -> FederatedAlgorithm:
+def fesem_ma(context: AlgorithmContext) -> FederatedAlgorithm:
     hidden = context.model.hidden_units
 
     def aligned(models, centers):
@@ -33,4 +33,4 @@ def fesem_ma(context: AlgorithmContext, params: FeSEMParams | None = None) -> Fe
             return models
         return jax.vmap(lambda m, c: align(m, c, hidden))(models, centers)
 
-    return fesem(context, params or FeSEMParams(), name="fesem_ma", align_to_centers=aligned)
+    return fesem(context, name="fesem_ma", align_to_centers=aligned)

@@ -14,6 +14,7 @@ estimated the same way (argmin loss), so all clients have a model to be evaluate
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    block_size_for,
     by_length,
     ceil_div,
     chunk_rows,
@@ -47,8 +49,8 @@ def losses_of_models(
     data: FederatedData,
     models: PyTree,
     clients: jax.Array,
-    block_size: int,
     chunk: int = CLIENT_ROWS_CHUNK,
+    block_size: Optional[int] = None,
 ) -> jax.Array:
     """[S, K] mean training loss of each of the K `models` on each client's training rows
     (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
@@ -72,6 +74,7 @@ def losses_of_models(
         return total / jnp.maximum(count, 1)
 
     inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
+    block_size = block_size_for(models, clients.shape[0], block_size)
     return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
 
 
@@ -86,42 +89,40 @@ class IFCAParams:
 @register("ifca", IFCAParams, clustered=True, reference="Ghosh et al., 2020, IFCA",
           summary="each sampled client receives all K models, joins the one of lowest loss on "
           "its training data, trains it; per-cluster averaging weighted by n_i")
-def ifca(context: AlgorithmContext, params: IFCAParams = IFCAParams()) -> FederatedAlgorithm:
+def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
     """IFCA with K = ``context.num_clusters`` models."""
-    model, training = context.model, context.training
-    clients_per_round, block_size = context.clients_per_round, context.block_size
+    model, clients_per_round = context.model, context.clients_per_round
     num_clusters = context.num_clusters
 
     def identities(models, data, clients):
-        losses = losses_of_models(model.apply, data, models, clients, block_size)  # [S, K]
+        losses = losses_of_models(model.apply, data, models, clients)  # [S, K]
         return jnp.argmin(losses, axis=1).astype(jnp.int32)
 
-    def initial_models(data, key):
-        if params.init == "random":
+    def initial_models(data, key, hp):
+        if hp.params.init == "random":
             return jax.vmap(model.init)(jax.random.split(key, num_clusters))
         init_key, sample_key, train_key, seed_key = jax.random.split(key, 4)
         sampled = sample_clients(sample_key, data.num_clients,
                                  max(clients_per_round, num_clusters))
-        local, _ = train_and_collect(training, data, train_key, stack(model.init(init_key)),
-                                     RoundClients(sampled, jnp.zeros_like(sampled)), block_size)
+        local, _ = train_and_collect(hp.training, data, train_key, stack(model.init(init_key)),
+                                     RoundClients(sampled, jnp.zeros_like(sampled)))
         chosen = kmeans_plusplus_indices(seed_key, flat_models(local), num_clusters)
         return jax.tree.map(lambda m: m[chosen], local)
 
-    def init(data, key):
-        models = initial_models(data, key)
+    def init(data, key, hp):
+        models = initial_models(data, key, hp)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         return ClusterState.create(models, identities(models, data, clients),
                                    jnp.ones((num_clusters,), bool))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, clients_per_round)
         joined = identities(state.models, data, clients)
         weights = data.train_counts[clients]
         sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, state.models, RoundClients(clients, joined), weights,
-            joined, num_clusters, block_size,
-        )
+            hp.training, data, train_key, state.models, RoundClients(clients, joined), weights,
+            joined, num_clusters)
         new_state, metrics = finish_round(state, clients, joined, sums, weight_sums, stats,
                                           weights, weights, num_clusters)
         metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client

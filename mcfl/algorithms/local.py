@@ -23,21 +23,19 @@ class LocalState(flax.struct.PyTreeNode):
 @register("local", reference="NonFed baseline",
           summary="each client trains only its own model; evaluated with that model; nothing is "
           "sent")
-def local(context: AlgorithmContext, params=None) -> FederatedAlgorithm:
+def local(context: AlgorithmContext) -> FederatedAlgorithm:
     """Local training only. All clients start from the same initial model."""
-    del params
-    model, training = context.model, context.training
-    clients_per_round, block_size = context.clients_per_round, context.block_size
+    model, clients_per_round = context.model, context.clients_per_round
 
-    def init(data, key):
+    def init(data, key, hp):
+        del hp
         return LocalState(stack(model.init(key), data.num_clients))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, clients_per_round)
-        trained, stats = train_and_collect(
-            training, data, train_key, state.params, RoundClients(clients, clients), block_size
-        )
+        trained, stats = train_and_collect(hp.training, data, train_key, state.params,
+                                           RoundClients(clients, clients))
         params = jax.tree.map(lambda all_, new: all_.at[clients].set(new), state.params, trained)
         metrics = training_metrics(data.train_counts[clients], stats)
         metrics.update(models_down=jnp.zeros(()), models_up=jnp.zeros(()))  # nothing is sent

@@ -2,8 +2,11 @@
 
 An algorithm module declares its hyperparameters as a frozen dataclass of `mcfl.settings`
 fields (default, one-line doc, flat key, allowed range) and registers a factory
-``(context, params) -> FederatedAlgorithm`` under a name (as optax's aliases or evosax's
-strategies are found by name). The run config validates an algorithm's hyperparameters
+``(context) -> FederatedAlgorithm`` under a name (as optax's aliases or evosax's strategies
+are found by name). The factory builds the algorithm once; its hyperparameters reach its
+functions as an argument (``hp.params``, `base.Hyperparams`): registering makes the dataclass
+a pytree whose leaves are its traced fields (floats, `settings.is_traced`) and whose other
+fields are static. The run config validates an algorithm's hyperparameters
 through its dataclass; the command-line flags, `--help`, `mcfl run --algorithm` choices, the
 README's table and the conformance tests (tests/test_conformance.py) all read this registry,
 so a new algorithm is one file and its registration (README, "Adding an algorithm").
@@ -15,24 +18,20 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
+
 from mcfl import settings
 from mcfl.errors import ConfigError, choice_error
 
 
 class AlgorithmContext(NamedTuple):
-    """What every algorithm is built from, whatever its own hyperparameters.
-
-    `training` is the clients' local training (optimizer, batch, epochs or steps); `lr` the
-    clients' learning rate (FedSGD's server step); `num_clusters` is K (centers, groups, models
-    or most clusters; 1 for single-model algorithms).
-    """
+    """What every algorithm is built from, whatever its hyperparameters: the model, the
+    clients a round, and K (`num_clusters`: centers, groups, models or most clusters; 1 for
+    single-model algorithms). Everything numeric arrives at run time in `hp`."""
 
     model: Any  # mcfl.models.ModelSpec
-    training: Any  # mcfl.engine.LocalTraining
     clients_per_round: int
-    block_size: int
     num_clusters: int = 1
-    lr: float = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,30 +42,46 @@ class NoParams:
 class AlgorithmSpec(NamedTuple):
     name: str
     params: type  # frozen dataclass of `settings.setting` fields
-    factory: Callable[[AlgorithmContext, Any], Any]
+    factory: Callable[[AlgorithmContext], Any]
     summary: str  # what a round does, one line (README table, --help)
     reference: str  # the paper it implements
     clustered: bool  # whether it uses K = --clusters
 
-    def build(self, context: AlgorithmContext, params=None, **overrides):
-        """The algorithm with `params` (an instance of `self.params`; default: the defaults)
-        changed by `overrides` (field names or flat keys), validated."""
+    def build(self, context: AlgorithmContext):
+        """The algorithm, built once for `context`; its functions take `hp`."""
+        return self.factory(context)
+
+    def params_with(self, params=None, **overrides):
+        """Its hyperparameters: `params` (an instance of `self.params`; default: the
+        defaults) changed by `overrides` (field names or flat keys), validated."""
         params = self.params() if params is None else params
-        if overrides:
-            params = with_values(self.params, params, overrides)
-        return self.factory(context, params)
+        return with_values(self.params, params, overrides) if overrides else params
 
 
 REGISTRY: dict[str, AlgorithmSpec] = {}
+_PYTREES: set[type] = set()
+
+
+def as_pytree(cls: type) -> type:
+    """Register the settings dataclass `cls` as a pytree (once): its traced fields are leaves,
+    the others static (hashable aux data)."""
+    if cls not in _PYTREES:
+        traced = settings.traced_fields(cls)
+        static = [f.name for f in dataclasses.fields(cls) if f.name not in traced]
+        jax.tree_util.register_dataclass(cls, data_fields=list(traced), meta_fields=static)
+        _PYTREES.add(cls)
+    return cls
 
 
 def register(name: str, params: type = NoParams, *, summary: str, reference: str,
              clustered: bool = False):
-    """Decorator registering `factory(context, params)` as algorithm `name`."""
+    """Decorator registering `factory(context)` as algorithm `name`, with its hyperparameters
+    `params` (a frozen dataclass of `settings.setting` fields)."""
     def decorate(factory):
         if name in REGISTRY:
             raise ValueError(f"algorithm {name!r} registered twice")
-        REGISTRY[name] = AlgorithmSpec(name, params, factory, summary, reference, clustered)
+        REGISTRY[name] = AlgorithmSpec(name, as_pytree(params), factory, summary, reference,
+                                       clustered)
         return factory
 
     return decorate
@@ -82,10 +97,9 @@ def get(name: str) -> AlgorithmSpec:
     return REGISTRY[name]
 
 
-def build(name: str, context: AlgorithmContext, **params):
-    """The registered algorithm `name` built in `context` with hyperparameters `params`
-    (field names or flat keys; the others at their defaults)."""
-    return get(name).build(context, **params)
+def build(name: str, context: AlgorithmContext):
+    """The registered algorithm `name` built in `context`."""
+    return get(name).build(context)
 
 
 def with_values(cls, params, values: dict[str, Any]):

@@ -17,6 +17,7 @@ values (a trimmed mean). A cluster with no sampled member keeps its model.
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -34,16 +35,16 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.sampling import round_clients
-from mcfl.settings import setting
+from mcfl.settings import Static, setting
 
 AGGREGATORS = ("median", "trimmed_mean")
 
 
 @dataclasses.dataclass(frozen=True)
 class RobustParams:
-    trim: float = setting(0.05, "beta: the share of models trimmed by trimmed k-means and by "
-                          "the trimmed-mean aggregator", key="robust_trim", minimum=0, below=0.5,
-                          static=True)  # sets how many models are trimmed: a shape
+    trim: Annotated[float, Static("sets how many models are trimmed: a shape")] = setting(
+        0.05, "beta: the share of models trimmed by trimmed k-means and by the trimmed-mean "
+        "aggregator", key="robust_trim", minimum=0, below=0.5)
     centroid: str = setting("trimmed_mean", "trimmed k-means centers: trimmed_mean or median",
                             key="robust_centroid", choices=CENTROIDS)
     aggregator: str = setting("median", "robust aggregate inside a cluster: median or "
@@ -58,30 +59,30 @@ class RobustParams:
           summary="one-shot clustering: every client's local model, trimmed k-means; then each "
           "cluster trains its model with a coordinate-wise median (or trimmed mean) of its "
           "sampled members")
-def robust(context: AlgorithmContext,
-           params: RobustParams = RobustParams()) -> FederatedAlgorithm:
-    model, training = context.model, context.training
-    num_clusters, block_size = context.num_clusters, context.block_size
+def robust(context: AlgorithmContext) -> FederatedAlgorithm:
+    model, num_clusters = context.model, context.num_clusters
 
-    def init(data, key):
+    def init(data, key, hp):
+        params = hp.params
         init_key, train_key, cluster_key = jax.random.split(key, 3)
         w0 = model.init(init_key)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         # the clients' flattened local models [C, d], collected block by block
-        local_models, _ = train_and_collect(training, data, train_key, stack(w0),
+        local_models, _ = train_and_collect(hp.training, data, train_key, stack(w0),
                                             RoundClients(clients, jnp.zeros_like(clients)),
-                                            block_size, features=flat_models)
+                                            features=flat_models)
         labels, centers, _ = trimmed_kmeans(cluster_key, local_models, num_clusters,
                                             params.trim, params.centroid, params.iterations)
         return ClusterState.create(unravel_rows(centers, w0), labels,
                                    jnp.ones((num_clusters,), bool))
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
+        params = hp.params
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, context.clients_per_round)
         cluster = state.assignment[clients]
-        trained, stats = train_and_collect(training, data, train_key, state.models,
-                                           RoundClients(clients, cluster), block_size)
+        trained, stats = train_and_collect(hp.training, data, train_key, state.models,
+                                           RoundClients(clients, cluster))
         flat = flat_models(trained)  # [S, d]
         aggregate, counts = segment_statistic(flat, cluster, num_clusters, params.aggregator,
                                               params.trim)

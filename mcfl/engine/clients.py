@@ -16,7 +16,13 @@ import jax.numpy as jnp
 
 from mcfl.data.federated import FederatedData
 from mcfl.engine import lowrank
-from mcfl.engine.blocks import BlockSums, by_length, map_clients, reduce_clients
+from mcfl.engine.blocks import (
+    BlockSums,
+    block_size_for,
+    by_length,
+    map_clients,
+    reduce_clients,
+)
 from mcfl.engine.training import (
     ClientStats,
     LocalTraining,
@@ -112,7 +118,7 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     layers = training.dense_layers
     if layers is None and training.factored is not None:
         layers = (training.factored.name,)
-    if training.sgd_lr is None or layers is None:
+    if not training.plain_sgd or layers is None:
         if training.low_rank == "on":
             raise ValueError("the low-rank path needs plain SGD on a dense (mclr / mlp) model "
                              "or a CNN")
@@ -139,7 +145,7 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
     def block_fn(block):
         def train(loop_length):
             return lowrank.train_block(
-                layers, training.sgd_lr, training.mu, training.batch_size, capacity, data, key,
+                layers, training.lr, training.mu, training.batch_size, capacity, data, key,
                 start, shared, block, loop_length,
             )
 
@@ -193,15 +199,17 @@ def train_and_collect(
     key: jax.Array,
     start_models: PyTree,
     selection: RoundClients,
-    block_size: int,
     prox_scale: jax.Array | float = 1.0,
     features: Optional[Callable[[PyTree], jax.Array]] = None,
+    *,
+    block_size: Optional[int] = None,
 ) -> tuple[PyTree, ClientStats]:
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
     anchor), and return their trained models stacked [S, ...] in selection order; with
     `features` (a block of models [b, ...] -> [b, f]), each block's features instead, so that
     the models of all S clients are never held at once (FeSEM's and Robust's start: the
-    clients' flattened models, [S, d])."""
+    clients' flattened models, [S, d]). Blocks of `block_size` clients (default: the plan's,
+    `blocks.block_size_for`)."""
     size = selection.clients.shape[0]
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, jnp.zeros(size),
@@ -214,6 +222,7 @@ def train_and_collect(
             trained, segment, stats = train_block(block)
             return features(trained), segment, stats
 
+    block_size = block_size_for(start_models, size, block_size)
     models, _, stats = map_clients(block_fn, inputs, inputs["steps"], block_size)
     return models, stats
 
@@ -227,10 +236,11 @@ def train_and_aggregate(
     weights: jax.Array,
     segments: jax.Array,
     num_segments: int,
-    block_size: int,
     prox_scale: jax.Array | float = 1.0,
     assign: Optional[Callable[[PyTree], jax.Array]] = None,
     align: Optional[Callable[[PyTree, jax.Array], PyTree]] = None,
+    *,
+    block_size: Optional[int] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array, ClientStats]:
     """Train the selected clients and return weighted per-segment sums of their models
     ([K, ...]), the per-segment weight sums [K], each client's segment [S] and per-client stats
@@ -239,13 +249,14 @@ def train_and_aggregate(
     A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
     after training (FeSEM's E-step on the freshly trained models). With `align`, the block's
     models are replaced by ``align(trained_block, segment)`` before they are summed (FeSEM-MA's
-    matched averaging).
+    matched averaging). Blocks as in `train_and_collect`.
     """
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, weights, segments, prox_scale, assign,
         sum_in_block=num_segments == 1, align=align,
     )
     like = jax.tree.map(lambda m: m[0], start_models)
+    block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
     sums, weight_sums, (segment, stats) = reduce_clients(
         block_fn, inputs, inputs["steps"], block_size, num_segments, like
     )

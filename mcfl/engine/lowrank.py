@@ -34,14 +34,6 @@ import jax.numpy as jnp
 
 from mcfl.engine.batch_rule import step_rows
 
-
-def maybe_nonzero(weight) -> bool:
-    """Whether a term scaled by `weight` has to be computed. A number says so by its value; a
-    traced weight (one a sweep varies across its members, `mcfl.sweep`) may be anything, so
-    the term is kept, which is exact for the members where it is 0."""
-    return isinstance(weight, jax.core.Tracer) or weight != 0
-
-
 PyTree = Any
 
 # Capacities (steps) up to this are unrolled with a static triangular history; longer ones
@@ -86,8 +78,8 @@ def worth_low_rank(history_rows: int, shapes: Sequence[tuple[int, int]]) -> bool
 
 def train_block(
     layers: Sequence[str],
-    lr: float,
-    mu: float,
+    lr,
+    mu,
     batch: int,
     capacity: int,
     data,
@@ -220,9 +212,10 @@ def train_block(
 
         # Inactive steps (past a client's last) write zero gradients: no effect on anything.
         scale = jnp.where(active, -lr, 0.0)[:, None, None]
-        decay = jnp.where(active, 1.0 - lr * mu * block["prox_scale"], 1.0)
+        decay = (jnp.ones(active.shape, jnp.float32) if mu is None
+                 else jnp.where(active, 1.0 - lr * mu * block["prox_scale"], 1.0))
         new_bias = []
-        if maybe_nonzero(mu):  # the pull shrinks the change so far
+        if mu is not None:  # the pull shrinks the change so far
             change_sq, cross = decay * decay * change_sq, decay * cross
         for layer in range(num_layers):
             g = scale * grads[layer]
@@ -231,11 +224,11 @@ def train_block(
                 own = own + 2.0 * decay * jnp.sum(g * corrections[layer], axis=(1, 2))
             change_sq = change_sq + own
             cross = cross + jnp.sum(g * bases[layer], axis=(1, 2))
-            if maybe_nonzero(mu):
+            if mu is not None:
                 hist_grad = hist_grad[:layer] + (hist_grad[layer] * decay[:, None, None],) \
                     + hist_grad[layer + 1:]
             hist_grad = _write(hist_grad, layer, g, s * batch)
-            b = bias_delta[layer] * decay[:, None] if maybe_nonzero(mu) else bias_delta[layer]
+            b = bias_delta[layer] * decay[:, None] if mu is not None else bias_delta[layer]
             new_bias.append(b + scale[:, :, 0] * jnp.sum(grads[layer], axis=1))
         return (hist_in, hist_grad, tuple(new_bias), loss_sum + jnp.where(active, loss, 0.0),
                 taken + active, change_sq, cross)

@@ -11,41 +11,76 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from mcfl.data.federated import FederatedData
 from mcfl.engine.batch_rule import step_rows
-from mcfl.engine.lowrank import maybe_nonzero
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
 
 
-class LocalTraining(NamedTuple):
-    """What a client does in a round: `optimizer` on the cross-entropy of `apply_fn`, plus
-    ``(mu / 2) * ||W - anchor||^2`` (FedProx, Li et al. 2020, Eq. 2) when ``mu > 0``.
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+class LocalTraining(flax.struct.PyTreeNode):
+    """What a client does in a round: the optimizer on the cross-entropy of `apply_fn`, plus
+    ``(mu / 2) * ||W - anchor||^2`` (FedProx, Li et al. 2020, Eq. 2) when `mu` is set.
 
     The client runs `local_epochs` epochs of batches of `batch_size`, or exactly `local_steps`
     steps when that is set (cycling through epochs of its data).
+
+    A pytree whose leaves are the numbers a sweep may vary, `lr`, `momentum` and `mu` (traced
+    arrays, or Python floats baked into the program); everything else is static structure.
+    `mu` None means no proximal term at all (an algorithm without one, FedAvg); a value, even
+    0, keeps the term in the program. `lr` is the one learning rate of a run: the optimizer is
+    built from it (`transform`) and the factored fast paths read it.
     """
 
-    apply_fn: ApplyFn
-    optimizer: optax.GradientTransformation
-    batch_size: int
-    local_epochs: int = 1
-    local_steps: Optional[int] = None
-    mu: float = 0.0
-    # The factored fast paths need the learning rate when `optimizer` is plain
-    # ``optax.sgd(lr)``, and either the model's dense layers when it is a ReLU dense stack
-    # (`mcfl.engine.lowrank`) or its one large layer (`factored`).
-    sgd_lr: Optional[float] = None
-    dense_layers: Optional[tuple[str, ...]] = None
-    low_rank: str = "auto"  # auto (when it is faster), on, off
-    # For a model with one large dense layer after a trunk (the CNNs, `models.FactoredLayer`):
-    # with plain SGD its kernel change can be kept factored (`local_train_factored`).
-    factored: Optional[Any] = None
+    apply_fn: ApplyFn = flax.struct.field(pytree_node=False)
+    batch_size: int = flax.struct.field(pytree_node=False)
+    lr: Any = 0.01
+    local_epochs: int = flax.struct.field(pytree_node=False, default=1)
+    local_steps: Optional[int] = flax.struct.field(pytree_node=False, default=None)
+    # "sgd", "momentum" (with `momentum`), "adam", or any function lr -> optax
+    # GradientTransformation (e.g. optax.adamw)
+    optimizer: Any = flax.struct.field(pytree_node=False, default="sgd")
+    momentum: Any = 0.9
+    weight_decay: float = flax.struct.field(pytree_node=False, default=0.0)  # L2, static
+    mu: Any = None
+    # The factored fast paths need plain SGD and either the model's dense layers when it is a
+    # ReLU dense stack (`mcfl.engine.lowrank`) or its one large layer (`factored`: the CNNs,
+    # `models.FactoredLayer`, whose kernel change is kept factored by `local_train_factored`).
+    dense_layers: Optional[tuple[str, ...]] = flax.struct.field(pytree_node=False,
+                                                                default=None)
+    low_rank: str = flax.struct.field(pytree_node=False, default="auto")  # auto, on, off
+    factored: Optional[Any] = flax.struct.field(pytree_node=False, default=None)
+
+    def transform(self) -> optax.GradientTransformation:
+        """The clients' optax optimizer (weight decay as an L2 gradient term before it)."""
+        if callable(self.optimizer):
+            opt = self.optimizer(self.lr)
+        elif self.optimizer == "sgd":
+            opt = optax.sgd(self.lr)
+        elif self.optimizer == "momentum":
+            opt = optax.sgd(self.lr, momentum=self.momentum)
+        elif self.optimizer == "adam":
+            opt = optax.adam(self.lr)
+        else:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; allowed: "
+                             f"{', '.join(OPTIMIZERS)} or a function of the learning rate")
+        if self.weight_decay > 0:
+            opt = optax.chain(optax.add_decayed_weights(self.weight_decay), opt)
+        return opt
+
+    @property
+    def plain_sgd(self) -> bool:
+        """Whether the optimizer is ``optax.sgd(lr)`` and nothing else (the fast paths)."""
+        return isinstance(self.optimizer, str) and self.optimizer == "sgd" and \
+            self.weight_decay == 0
 
 
 class ClientStats(NamedTuple):
@@ -109,11 +144,12 @@ def local_train(
     of steps that changed the parameters (counted, not assumed).
     """
     batch = training.batch_size
+    optimizer = training.transform()
 
     def objective(p, xb, yb, mask):
         loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
         total = loss
-        if maybe_nonzero(training.mu):
+        if training.mu is not None:
             total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
         return total, loss
 
@@ -125,7 +161,7 @@ def local_train(
         )
         if correction is not None:
             grads = jax.tree.map(jnp.add, grads, correction)
-        updates, new_opt_state = training.optimizer.update(grads, opt_state, p)
+        updates, new_opt_state = optimizer.update(grads, opt_state, p)
         if not masked:
             return optax.apply_updates(p, updates), new_opt_state, loss_sum + loss, taken + 1
         active = s < num_steps
@@ -134,7 +170,7 @@ def local_train(
         return p, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
 
     zero = jnp.zeros((), jnp.int32)
-    init = (params, training.optimizer.init(params), jnp.zeros((), jnp.float32), zero)
+    init = (params, optimizer.init(params), jnp.zeros((), jnp.float32), zero)
     params, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
     return params, loss_sum, taken
 
@@ -165,7 +201,7 @@ def local_train_factored(
     `capacity` (static) bounds the steps; K is formed once, at the end. Equal to `local_train`
     to float rounding (tests/test_engine.py).
     """
-    layer, lr, batch = training.factored, training.sgd_lr, training.batch_size
+    layer, lr, batch = training.factored, training.lr, training.batch_size
     kernel0 = params[layer.name]["kernel"]
     rest = {**params, layer.name: {k: v for k, v in params[layer.name].items() if k != "kernel"}}
     rows_cap = capacity * batch
@@ -175,7 +211,7 @@ def local_train_factored(
         z = h @ kernel0 + (h @ hist_in.T) @ hist_grad + rest[layer.name]["bias"] + offset
         loss = masked_cross_entropy(layer.head(rest, z), yb, mask)
         total = loss
-        if maybe_nonzero(training.mu):
+        if training.mu is not None:
             total = total + 0.5 * training.mu * prox_scale * squared_distance(rest, anchor)
         return total, (loss, h)
 
@@ -191,7 +227,7 @@ def local_train_factored(
         active = jnp.asarray(True) if not masked else s < num_steps
         scale = jnp.where(active, -lr, 0.0)
         rest = jax.tree.map(lambda p, g: p + scale * g, rest, grads)
-        if maybe_nonzero(training.mu):
+        if training.mu is not None:
             hist_grad = hist_grad * jnp.where(active, 1.0 - lr * training.mu * prox_scale, 1.0)
         at = jnp.minimum(s, capacity - 1) * batch
         hist_in = jax.lax.dynamic_update_slice_in_dim(hist_in, h, at, axis=0)

@@ -1,12 +1,12 @@
 """One sweep group as one compiled program: its members' runs vmapped over a member axis.
 
 Every member of a group shares the config up to its seed and the group's traced settings
-(`mcfl.sweeps.spec`). The algorithm is built *inside* the vmapped function from a config whose
-traced settings are the member's values (tracers), so one program trains every member: the
-member axis is a leading axis on the algorithm state and the keys, while the dataset enters
-unbatched (one copy, shared). Inside, a member's computation is the one `mcfl.run` does for
-its config; a member's rows therefore equal its single run's to float rounding
-(tests/test_sweeps.py).
+(`mcfl.sweeps.spec`). The algorithm is built once; its hyperparameters (`Hyperparams`) are made
+inside the vmapped function from the member's values of the traced settings, so one program
+trains every member: the member axis is a leading axis on those values, the algorithm state
+and the keys, while the dataset enters unbatched (one copy, shared). Inside, a member's
+computation is the one `mcfl.run` does for its config; a member's rows therefore equal its
+single run's to float rounding (tests/test_sweeps.py).
 
 Members run in chunks of `members_per_chunk`: the largest count whose compiled programs
 (initialisation, rounds, evaluation) need, by XLA's memory analysis (arguments + outputs +
@@ -34,11 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import settings
-from mcfl.algorithms import build_algorithm
+from mcfl.algorithms import build_algorithm, hyperparams
 from mcfl.algorithms.base import scan_rounds
-from mcfl.config import SHARED_FIELDS, RunConfig
 from mcfl.data import FederatedDataset
+from mcfl.engine import planned_block_size
 from mcfl.evaluation import aggregate, client_metrics
 from mcfl.runner import (
     RunPlan,
@@ -64,18 +63,6 @@ def default_width() -> Optional[int]:
 # Share of the free memory a chunk's programs may use (the rest: the dataset's own arrays,
 # host copies of metrics, fragmentation).
 MEMORY_SHARE = 0.6
-
-
-def traced_config(config: RunConfig, values: dict[str, Any]) -> RunConfig:
-    """`config` with `values` (flat keys; traced scalars inside the program) in place. Not
-    validated: it only ever holds a value a member's own, validated, config holds."""
-    new = object.__new__(RunConfig)
-    for name in SHARED_FIELDS:
-        object.__setattr__(new, name, values.get(name, getattr(config, name)))
-    fields = settings.fields_of(type(config.params))
-    own = {fields[k].name: v for k, v in values.items() if k in fields}
-    object.__setattr__(new, "params", dataclasses.replace(config.params, **own))
-    return new
 
 
 def memory_budget() -> int:
@@ -166,28 +153,29 @@ class GroupProgram:
         self.group, self.plan, self.mesh = group, plan, mesh
         self.devices = 1 if mesh is None else mesh.size
         base = group.base
-        block = min(plan.block_size, plan.clients_per_round)
+        self.block = min(plan.block_size, plan.clients_per_round)
+        algorithm = build_algorithm(base, plan.model, plan.clients_per_round)
 
-        def algorithm(values):
-            return build_algorithm(traced_config(base, values), plan.model,
-                                   plan.clients_per_round, block)
+        def hp(values):
+            return hyperparams(base, plan.model, values)
 
-        self.clustered = algorithm({}).assignments is not None
+        self.clustered = algorithm.assignments is not None
         self.scanned = base.scan_rounds
 
         def init(values, init_key, data):
-            return algorithm(values).init(data, init_key)
+            return algorithm.init(data, init_key, hp(values))
 
         def evaluate(values, state, data):
-            alg = algorithm(values)
-            counts = _evaluation_counts(alg, plan.model.apply, plan.eval_block, state, data)
-            assigned = alg.assignments(state) if self.clustered else None
+            del values
+            counts = _evaluation_counts(algorithm, plan.model.apply, plan.eval_block, state,
+                                        data)
+            assigned = algorithm.assignments(state) if self.clustered else None
             return counts, assigned
 
         def rounds(count, values, state, data, rounds_key, first):
             if self.scanned:
-                return scan_rounds(algorithm(values), state, data, rounds_key, first, count)
-            return _one_round(algorithm(values), state, data, rounds_key, first)
+                return scan_rounds(algorithm, hp(values), state, data, rounds_key, first, count)
+            return _one_round(algorithm, hp(values), state, data, rounds_key, first)
 
         self._init = jax.jit(over_members(init, (True, True, False), mesh, width))
         self._evaluate = jax.jit(over_members(evaluate, (True, True, False), mesh, width))
@@ -210,6 +198,10 @@ class GroupProgram:
     def compile(self, data, members_per_chunk: int) -> Optional[int]:
         """Compile every program for chunks of `members_per_chunk`; their largest footprint
         in bytes (None when the backend cannot say)."""
+        with planned_block_size(self.block):
+            return self._compile(data, members_per_chunk)
+
+    def _compile(self, data, members_per_chunk: int) -> Optional[int]:
         start = time.perf_counter()
         probe = list(self.group.members[:1]) * members_per_chunk
         values = self._values(probe)

@@ -69,7 +69,7 @@ def traceable_keys(config: RunConfig) -> tuple[str, ...]:
     """The settings of `config` a sweep may vary inside one program: floats not marked
     ``static`` and not shaping the data."""
     return tuple(key for key, (cls, f) in _setting_fields(config).items()
-                 if settings.type_of(cls, f) is float and not f.metadata.get("static")
+                 if settings.is_traced(cls, f)
                  and key not in data_fields())
 
 
