@@ -25,8 +25,8 @@ from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
 from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
 from mcfl.config import from_dict
 from mcfl.engine import RoundClients, train_and_collect
+from mcfl.records import PAPER_SCORE
 from mcfl.reproduce import get
-from mcfl.runner import PAPER_SCORE
 from mcfl.sampling import round_clients
 
 
@@ -40,22 +40,22 @@ def first_member_models(trained, clusters, current, num_clusters: int):
         trained, current)
 
 
-def first_client_round(context: AlgorithmContext, training, identities, prox_scale=None):
+def first_client_round(context: AlgorithmContext, training_of, identities, prox_scale=None):
     """A round of a clustered algorithm whose M-step keeps each cluster's first member:
-    `identities(state, data, clients, trained)` gives each client's cluster, before training
-    (IFCA: `trained` is None) or after it (FeSEM's E-step)."""
+    `identities(state, data, clients, trained, hp)` gives each client's cluster, before
+    training (IFCA: `trained` is None) or after it (FeSEM's E-step); `training_of(hp)` is the
+    clients' local training."""
     num_clusters = context.num_clusters
 
-    def round_(state, data, key):
+    def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, context.clients_per_round)
-        before = identities(state, data, clients, None)
+        before = identities(state, data, clients, None, hp)
         start = state.assignment[clients] if before is None else before
         scale = 1.0 if prox_scale is None else prox_scale(data, clients)
-        trained, stats = train_and_collect(training, data, train_key, state.models,
-                                           RoundClients(clients, start), context.block_size,
-                                           scale)
-        joined = before if before is not None else identities(state, data, clients, trained)
+        trained, stats = train_and_collect(training_of(hp), data, train_key, state.models,
+                                           RoundClients(clients, start), scale)
+        joined = before if before is not None else identities(state, data, clients, trained, hp)
         models = first_member_models(trained, joined, state.models, num_clusters)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, joined)
         metrics = training_metrics(data.train_counts[clients], stats)
@@ -67,31 +67,30 @@ def first_client_round(context: AlgorithmContext, training, identities, prox_sca
 
 @register("fesem_first_client", FeSEMParams, clustered=True, reference="FlexCFL authors' code",
           summary="FeSEM whose M-step keeps each cluster's first member (a check, not mcfl's)")
-def fesem_first_client(context: AlgorithmContext, params: FeSEMParams) -> FederatedAlgorithm:
-    base = fesem(context, params)  # its start (k-means on local models) and evaluation
-    features = features_fn(params.last_layer)
+def fesem_first_client(context: AlgorithmContext) -> FederatedAlgorithm:
+    base = fesem(context)  # its start (k-means on local models) and evaluation
 
-    def identities(state, data, clients, trained):
+    def identities(state, data, clients, trained, hp):
         if trained is None:
             return None  # FeSEM's E-step comes after training
+        features = features_fn(hp.params.last_layer)
         return nearest_models(jax.vmap(features)(trained), jax.vmap(features)(state.models))
 
-    round_ = first_client_round(context, context.training._replace(mu=2.0 * params.lam),
+    round_ = first_client_round(context, lambda hp: hp.training.replace(mu=2.0 * hp.params.lam),
                                 identities, prox_scale)
     return base._replace(name="fesem_first_client", round=round_)
 
 
 @register("ifca_first_client", IFCAParams, clustered=True, reference="FlexCFL authors' code",
           summary="IFCA whose clusters keep their first member's model (a check, not mcfl's)")
-def ifca_first_client(context: AlgorithmContext, params: IFCAParams) -> FederatedAlgorithm:
-    base = ifca(context, params)
+def ifca_first_client(context: AlgorithmContext) -> FederatedAlgorithm:
+    base = ifca(context)
 
-    def identities(state, data, clients, trained):
-        losses = losses_of_models(context.model.apply, data, state.models, clients,
-                                  context.block_size)
+    def identities(state, data, clients, trained, hp):
+        losses = losses_of_models(context.model.apply, data, state.models, clients)
         return jnp.argmin(losses, axis=1).astype(jnp.int32)
 
-    round_ = first_client_round(context, context.training, identities)
+    round_ = first_client_round(context, lambda hp: hp.training, identities)
     return base._replace(name="ifca_first_client", round=round_)
 
 

@@ -19,10 +19,11 @@ import time
 import jax
 import numpy as np
 
-from mcfl.algorithms import build_algorithm, ifca
+from mcfl.algorithms import build_algorithm, hyperparams, ifca
 from mcfl.config import from_dict, load_file
 from mcfl.data import load_dataset
-from mcfl.runner import plan_run
+from mcfl.engine import planned_block_size
+from mcfl.plan import plan_run
 from mcfl.sampling import sample_clients
 
 CONFIG = "experiments/flexcfl_table3_fmnist.toml"
@@ -43,7 +44,7 @@ def chunks(sizes: list[int]) -> None:
           f"max {counts.max()}")
     for chunk in sizes:
         fn = jax.jit(lambda m, d, c, chunk=chunk: ifca.losses_of_models(
-            plan.model.apply, d, m, c, plan.block_size, chunk))
+            plan.model.apply, d, m, c, chunk, block_size=plan.block_size))
         times = []
         for r in range(4):
             clients = sample_clients(jax.random.key(r), data.num_clients, 20)
@@ -56,8 +57,11 @@ def chunks(sizes: list[int]) -> None:
 
 def fesem_memory() -> None:
     config, dataset, plan = setting("fesem")
-    algorithm = build_algorithm(config, plan.model, plan.clients_per_round, plan.block_size)
-    compiled = jax.jit(algorithm.init).lower(dataset.arrays, jax.random.key(0)).compile()
+    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+    hp = hyperparams(config, plan.model)
+    with planned_block_size(plan.block_size):
+        compiled = jax.jit(lambda d, k: algorithm.init(d, k, hp)).lower(
+            dataset.arrays, jax.random.key(0)).compile()
     m = compiled.memory_analysis()
     print(f"FeSEM start, {dataset.num_clients} clients x {plan.params_count:,} parameters: "
           f"arguments {m.argument_size_in_bytes / 2**30:.2f} GB, outputs "

@@ -51,7 +51,7 @@ def main() -> None:
             start = time.perf_counter()
             result = mcfl.run(config, dataset=dataset)
             model = make_model("mclr", dataset.feature_shape, 10)
-            algorithm = build_algorithm(config, model, 20, 8)
+            algorithm = build_algorithm(config, model, 20)
             shifted = (dataset.arrays if algorithm.view is None
                        else algorithm.view(result.state, dataset.arrays))
             s = result.summary

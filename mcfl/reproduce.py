@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 
 from mcfl.config import RunConfig, from_dict
 from mcfl.errors import ConfigError, DataError, choice_error
-from mcfl.runner import PAPER_SCORE as SCORE
+from mcfl.records import PAPER_SCORE as SCORE
 
 PaperValue = Union[None, float, tuple[Optional[float], ...]]
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 import mcfl
-import mcfl.runner
+import mcfl.program
+import mcfl.records
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.apps.cli import main
 
@@ -147,9 +148,9 @@ def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAl
 
 
 def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys):
-    build = mcfl.runner.build_algorithm
+    build = mcfl.program.build_algorithm
     monkeypatch.setattr(
-        mcfl.runner, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
+        mcfl.program, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
     )
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
@@ -165,7 +166,7 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
     import jax
     import numpy as np
 
-    from mcfl.runner import seed_key
+    from mcfl.plan import seed_key
 
     data = [tuple(np.asarray(jax.random.key_data(seed_key(s)))) for s in
             (0, 1, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63 - 2**32)]
@@ -175,15 +176,15 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
 
 def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
     config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
-    text = mcfl.runner._divergence(config, {"round": 1, "train_loss": float("inf"),
+    text = mcfl.records.divergence_message(config, {"round": 1, "train_loss": float("inf"),
                                             "discrepancy": 0.5}, [])
     assert text == ("training diverged in round 1: non-finite train_loss=inf; no round was "
                     "kept. Try a smaller --lr 0.5, or check the data for extreme values")
 
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch):
-    build = mcfl.runner.build_algorithm
-    evaluate_counts = mcfl.runner.engine.evaluate_counts
+    build = mcfl.program.build_algorithm
+    evaluate_counts = mcfl.program.engine.evaluate_counts
     traces = {"round": 0, "evaluate": 0}
 
     def counting(name, fn):
@@ -197,9 +198,9 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
         algorithm = build(*args, **kwargs)
         return algorithm._replace(round=counting("round", algorithm.round))
 
-    monkeypatch.setattr(mcfl.runner, "build_algorithm", counted_build)
+    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
     monkeypatch.setattr(
-        mcfl.runner.engine, "evaluate_counts", counting("evaluate", evaluate_counts)
+        mcfl.program.engine, "evaluate_counts", counting("evaluate", evaluate_counts)
     )
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
@@ -278,7 +279,7 @@ def test_profile_writes_a_trace(tmp_path):
 
 
 def test_round_chunks_end_at_each_evaluation():
-    from mcfl.runner import round_chunks
+    from mcfl.loop import round_chunks
 
     assert round_chunks(3, 2, scanned=False) == [(1, 1), (2, 1), (3, 1)]
     assert round_chunks(5, 2, scanned=True) == [(1, 2), (3, 2), (5, 1)]
@@ -293,7 +294,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
     common = ["--algorithm", "ifca", "--clusters", "2", *SMALL, "--rounds", "5",
               "--eval-every", "2", "--no-cache"]
     assert main(["run", *common, "--out", str(tmp_path / "loop")]) == 0
-    build = mcfl.runner.build_algorithm
+    build = mcfl.program.build_algorithm
     traces = []
 
     def counted_build(*args, **kwargs):
@@ -305,7 +306,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(mcfl.runner, "build_algorithm", counted_build)
+    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
     assert main(["run", *common, "--scan-rounds", "--out", str(tmp_path / "scan")]) == 0
     assert len(traces) == 2
     loop, scan = _csv(tmp_path / "loop" / "rounds.csv"), _csv(tmp_path / "scan" / "rounds.csv")
@@ -319,9 +320,9 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
 
 
 def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys):
-    build = mcfl.runner.build_algorithm
+    build = mcfl.program.build_algorithm
     monkeypatch.setattr(
-        mcfl.runner, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
+        mcfl.program, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
     )
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds",

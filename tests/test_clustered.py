@@ -23,7 +23,7 @@ from mcfl.engine import ClientStats, LocalTraining
 from mcfl.errors import ConfigError
 from mcfl.evaluation import aggregate
 from mcfl.models import make_model
-from mcfl.runner import evaluate
+from mcfl.program import evaluate
 from mcfl.sampling import sample_clients
 
 

@@ -21,7 +21,7 @@ from mcfl.clustering.robust import trimmed_seeds
 from mcfl.engine import LocalTraining
 from mcfl.evaluation import aggregate
 from mcfl.models import make_model
-from mcfl.runner import evaluate
+from mcfl.program import evaluate
 from mcfl.sampling import sample_clients
 
 

@@ -8,10 +8,10 @@ import pytest
 from scipy import stats
 
 import mcfl
+from mcfl import program
 from mcfl.apps.cli import main
 from mcfl.data import load_dataset
 from mcfl.errors import ConfigError
-from mcfl.sweeps import program as sweep_program
 from mcfl.sweeps.spec import check_grid, expand, group, parse_grid, parse_seeds, traceable_keys
 
 BASE = mcfl.RunConfig(dataset="synthetic", clients=12, clients_per_round=4, rounds=3,
@@ -63,12 +63,21 @@ def test_every_member_equals_its_single_run(name, config, grid, dataset):
 
 
 def test_one_compilation_per_group_whatever_the_rounds_and_chunks(monkeypatch, dataset):
-    """The algorithm is built (traced) a fixed number of times per group, the same for 2 or
+    """The algorithm's round is traced a fixed number of times per group, the same for 2 or
     4 rounds and for 1 or 2 chunks of members: rounds and chunks reuse compiled programs."""
     built = []
-    original = sweep_program.build_algorithm
-    monkeypatch.setattr(sweep_program, "build_algorithm",
-                        lambda *a, **k: built.append(1) or original(*a, **k))
+    original = program.build_algorithm
+
+    def counted(*args, **kwargs):
+        algorithm = original(*args, **kwargs)
+
+        def round_(*a):
+            built.append(1)  # runs only when jax traces the round
+            return algorithm.round(*a)
+
+        return algorithm._replace(round=round_)
+
+    monkeypatch.setattr(program, "build_algorithm", counted)
 
     def traces(rounds, chunk):
         built.clear()

@@ -37,7 +37,8 @@ from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.engine.batch_rule import epoch_positions  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
-from mcfl.runner import RoundRunner  # noqa: E402
+from mcfl.plan import RunPlan  # noqa: E402
+from mcfl.program import RoundProgram  # noqa: E402
 
 LAYERS = {"conv0": "Conv_0", "conv1": "Conv_1", "dense0": "Dense_0", "dense1": "Dense_1"}
 
@@ -72,8 +73,6 @@ class McflRunner:
                            lr=cw.LEARNING_RATE, batch_size=cw.BATCH_SIZE,
                            local_steps=cw.LOCAL_STEPS, clients_per_round=1.0,
                            low_rank=args.low_rank, conv=args.conv)
-        from mcfl.algorithms import build_algorithm
-
         model = make_model("cnn-fmnist", (cw.NUM_FEATURES,), cw.NUM_CLASSES, conv=args.conv)
         self.rounds_key = jax.random.split(jax.random.key(0))[1]
         training_key = jax.random.split(jax.random.fold_in(self.rounds_key, 1))[1]
@@ -89,23 +88,26 @@ class McflRunner:
         self.data = federated(x.reshape(work.x.shape), y.reshape(work.y.shape)).arrays
         params_count = sum(v.size for v in work.params.values())
         block = args.block_size or engine.default_block_size(params_count, c)
-        algorithm = build_algorithm(config, model, c, block)
-        self.state = algorithm.init(self.data, jax.random.key(0)).replace(
+        # mcfl's own round program, with the block size chosen here
+        self.program = RoundProgram(config, RunPlan(model, params_count, c, False, block, block))
+        init_key = jax.random.key(0)
+        self.program.compile_init({}, init_key, self.data)
+        self.state = self.program.init({}, init_key, self.data).replace(
             params=to_flax(work.params))
         mesh = engine.client_mesh(args.devices) if args.devices > 1 else None
         self.mesh = (lambda: jax.set_mesh(mesh)) if mesh else contextlib.nullcontext
         if mesh is not None:  # replicated on the mesh, as round 1's outputs will be
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
             self.state, self.data = jax.device_put((self.state, self.data), replicated)
-        self.rounds = RoundRunner(algorithm, scanned=False)
         with self.mesh():
-            self.rounds.compile(self.state, self.data, self.rounds_key, 1)
+            self.program.compile_rounds({}, self.state, self.rounds_key, self.data)
         self.r = 0
 
     def run_round(self) -> None:
         self.r += 1
         with self.mesh():
-            self.state, _ = self.rounds.run(self.state, self.data, self.rounds_key, self.r, 1)
+            self.state, _ = self.program.rounds(1, {}, self.state, self.data, self.rounds_key,
+                                                self.r)
         jax.block_until_ready(self.state)
 
     def global_params(self) -> dict[str, np.ndarray]:

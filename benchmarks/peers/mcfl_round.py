@@ -31,11 +31,13 @@ import optax  # noqa: E402
 import workload as wl  # noqa: E402
 
 from mcfl import engine  # noqa: E402
-from mcfl.algorithms import build_algorithm, local_training  # noqa: E402
+from mcfl.algorithms import local_training  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.engine.batch_rule import epoch_positions  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
+from mcfl.plan import RunPlan  # noqa: E402
+from mcfl.program import RoundProgram  # noqa: E402
 
 ROWS = 50
 
@@ -85,10 +87,13 @@ class McflRunner:
             jax.tree.map(lambda a: a[None], to_flax(work.params))) is not None
         block = args.block_size or engine.default_block_size(params_count, c, low_rank=low_rank)
         self.block, self.low_rank = block, low_rank
-        algorithm = build_algorithm(self.config, model, c, block)
-        self.state = algorithm.init(self.data, jax.random.key(0)).replace(
+        # mcfl's own round program, with the block size chosen here
+        self.program = RoundProgram(self.config, RunPlan(model, params_count, c, low_rank, block,
+                                                         block))
+        init_key = jax.random.key(0)
+        self.program.compile_init({}, init_key, self.data)
+        self.state = self.program.init({}, init_key, self.data).replace(
             params=to_flax(work.params))
-        self.round_fn = jax.jit(algorithm.round)
         self.r = 0
         # As `mcfl run`: no mesh for one device (arrays placed under a mesh carry its sharding,
         # and a first round fed unsharded arrays would compile twice).
@@ -97,13 +102,15 @@ class McflRunner:
         if mesh is not None:  # replicated on the mesh, as round 1's outputs will be
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
             self.state, self.data = jax.device_put((self.state, self.data), replicated)
+        with self.mesh():
+            self.program.compile_rounds({}, self.state, self.rounds_key, self.data)
 
     def run_round(self) -> None:
         self.r += 1
         with self.mesh():
-            self.state, metrics = self.round_fn(self.state, self.data,
-                                                jax.random.fold_in(self.rounds_key, self.r))
-        jax.block_until_ready((self.state, metrics))
+            self.state, _ = self.program.rounds(1, {}, self.state, self.data, self.rounds_key,
+                                                self.r)
+        jax.block_until_ready(self.state)
 
     def global_params(self) -> dict[str, np.ndarray]:
         return from_flax(self.state.params)

@@ -3,7 +3,7 @@
 ``mcfl.sweep(config, seeds=8, grid={"lr": [0.01, 0.05], "mu": [0.0, 0.1]})`` runs every grid
 point with every seed. Members that differ only in their seed and in traced settings (floats
 no shape depends on) run as one compiled program over a member axis, sharing one copy of the
-data (`mcfl.sweeps.program`); the rest (algorithm, model, clients, K, ...) split the sweep into
+data (`mcfl.sweeps.members`); the rest (algorithm, model, clients, K, ...) split the sweep into
 groups run one after another (`mcfl.sweeps.spec`). Results are tidy tables
 (`mcfl.sweeps.tables`): per member and round, per member, and per grid point as mean, std and
 95% interval over seeds.
@@ -25,15 +25,12 @@ from mcfl import distributed
 from mcfl.config import RunConfig
 from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError
-from mcfl.runner import _client_mesh, plan_run
+from mcfl.loop import LoopHooks, run_rounds
+from mcfl.plan import client_mesh, plan_run
+from mcfl.program import RoundProgram, member_mesh
+from mcfl.records import MemberRecord
 from mcfl.sweeps import tables
-from mcfl.sweeps.program import (
-    GroupProgram,
-    MemberRun,
-    default_width,
-    member_mesh,
-    memory_budget,
-)
+from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
 
 __all__ = ["SweepResult", "sweep"]
@@ -85,7 +82,7 @@ def sweep(
     Members of a group run as one compiled program, in chunks of at most `members_per_chunk`
     (default: as many as fit in memory); `member_width` of them side by side (vmapped), the
     rest one after another inside the same program ("auto": 1 on CPU, all on GPU / TPU, see
-    `mcfl.sweeps.program.default_width`; None: all). `progress(done, total)` counts
+    `mcfl.sweeps.members.default_width`; None: all). `progress(done, total)` counts
     member-rounds. With `out_dir`, the tables are rewritten there after every chunk, so a
     sweep that stops keeps the members it finished; a folder already holding a sweep is
     refused unless `overwrite` (which deletes its files first). Every member's rows equal
@@ -125,7 +122,7 @@ def sweep(
     started = time.perf_counter()
     total = sum(m.config.rounds for m in members)  # member-rounds (rounds may be on the grid)
     done = 0
-    runs: list[MemberRun] = []
+    runs: list[tuple[Member, MemberRecord]] = []
     group_info: list[dict[str, Any]] = []
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
@@ -134,38 +131,40 @@ def sweep(
         prepare_folder(out, overwrite, SWEEP_FILES)
     result = SweepResult(spec, [], [], [], group_info)
     datasets: dict[tuple, FederatedDataset] = {}
-    _client_mesh(config.devices)  # checks the device count
-    mesh = member_mesh(config.devices or len(jax.devices()))
+    client_mesh(config.devices)  # checks the device count
+    devices = config.devices or len(jax.devices())
+    mesh = member_mesh(devices)
     status = "completed"
+
+    def tick(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress(done, total)
+
     try:
         for g, grp in enumerate(groups):
             data = _dataset_for(grp, datasets, dataset, cache_dir)
-            plan = plan_run(grp.base, data)
-            program = GroupProgram(grp, plan, mesh, member_width)
-            size = program.fit(data.arrays, memory_budget(), members_per_chunk)
+            program = RoundProgram(grp.base, plan_run(grp.base, data), grp.traced,
+                                   members=True, mesh=mesh, width=member_width)
+            size = fit(program, grp.members, data.arrays, memory_budget(), devices,
+                       members_per_chunk)
             info = {"group": g, "members": len(grp.members), "traced": list(grp.traced),
                     "members_per_chunk": size, "member_width": member_width,
                     "compile_seconds": program.compile_seconds,
                     "settings": _group_settings(grp)}
             group_info.append(info)
-            if progress is not None:
-                progress(done, total)
+            tick(0)
             t0 = time.perf_counter()
+            info["init_seconds"] = 0.0  # the members' initialisations (FeSEM's k-means, ...)
             for start in range(0, len(grp.members), size):
                 chunk = list(grp.members[start:start + size])
-
-                def tick(count, chunk=chunk):
-                    nonlocal done
-                    done += count * len(chunk)  # a chunk's members share their rounds
-                    if progress is not None:
-                        progress(done, total)
-
-                runs.extend(program.run_chunk(chunk, data, tick))
+                runs.extend(zip(chunk, _run_chunk(program, grp, chunk, size, data, info,
+                                                  _Progress(program.chunks, len(chunk), tick))))
                 _fill(result, runs)
                 if out is not None:
                     _write(out, result, final=False)
             info["run_seconds"] = time.perf_counter() - t0
-            info["init_seconds"] = program.init_seconds
     except BaseException as stop:
         status = "interrupted" if isinstance(stop, KeyboardInterrupt) else "error"
         raise
@@ -177,6 +176,31 @@ def sweep(
         if out is not None:
             _write(out, result, final=status == "completed")
     return result
+
+
+class _Progress(LoopHooks):
+    """Counts member-rounds as the chunks of rounds finish."""
+
+    def __init__(self, chunks, members: int, tick):
+        self.chunks, self.members, self.tick = chunks, members, tick
+
+    def chunk_finished(self, index: int, last_round: int, state) -> None:
+        self.tick(self.chunks[index][1] * self.members)  # a chunk's members share its rounds
+
+
+def _run_chunk(program: RoundProgram, grp: Group, chunk: list[Member], size: int,
+               dataset: FederatedDataset, info: dict, hooks: LoopHooks) -> list[MemberRecord]:
+    """Train `chunk`'s members (padded to `size`) through every round: their records."""
+    members = padded(chunk, size)
+    values = program.values([m.config for m in members])
+    init_keys, rounds_keys = member_keys(members)
+    t0 = time.perf_counter()
+    state = program.init(values, init_keys, dataset.arrays)
+    info["init_seconds"] += time.perf_counter() - t0
+    records = [MemberRecord() for _ in members]
+    run_rounds(program, grp.base, dataset, state, values, rounds_keys, records, program.chunks,
+               hooks)
+    return records[:len(chunk)]
 
 
 def _dataset_for(grp: Group, built: dict, given: Optional[FederatedDataset],
@@ -201,20 +225,15 @@ def _group_settings(grp: Group) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in grp.traced and k != "seed"}
 
 
-def _fill(result: SweepResult, runs: list[MemberRun]) -> None:
+def _fill(result: SweepResult, runs: list[tuple[Member, MemberRecord]]) -> None:
     """Rebuild the tables from the members finished so far (in sweep order)."""
-    ordered = sorted(runs, key=lambda r: r.member.index)
-    names = result.point_names
-    result.members = [_member_row(r) for r in ordered]
-    result.rounds = [{"member": r.member.index, **dict(r.member.point), "seed": r.member.seed,
-                      "data_seed": r.member.data_seed, **row}
-                     for r in ordered for row in r.rows]
-    result.summary = tables.summary_rows(result.members, names)
-
-
-def _member_row(run: MemberRun) -> dict[str, Any]:
-    m: Member = run.member
-    return tables.member_row(m.index, m.point, m.seed, m.data_seed, run.status, run.rows)
+    ordered = sorted(runs, key=lambda run: run[0].index)
+    result.members = [tables.member_row(m.index, m.point, m.seed, m.data_seed, r.status, r.rows)
+                      for m, r in ordered]
+    result.rounds = [{"member": m.index, **dict(m.point), "seed": m.seed,
+                      "data_seed": m.data_seed, **row}
+                     for m, r in ordered for row in r.rows]
+    result.summary = tables.summary_rows(result.members, result.point_names)
 
 
 SWEEP_FILES = ("sweep.json", "members.csv", "rounds.csv", "summary.csv", "curves.png")

@@ -4,7 +4,7 @@ A member is one run: the base config with one value of every grid parameter, one
 data seed. Members whose configs differ only in their seed and in *traced* settings (floats
 that no shape or Python branch depends on: learning rates, mu, FeSEM's lambda, eta_g, server
 lr, shift probability ...) form a group, which runs as one program vmapped over its members
-(`mcfl.sweeps.program`). Every other difference (algorithm, model, clients, K, local steps, a
+(`mcfl.sweeps.members`). Every other difference (algorithm, model, clients, K, local steps, a
 static float such as weight_decay, the data seed) starts a new group.
 """
 

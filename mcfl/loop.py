@@ -1,0 +1,129 @@
+"""The round loop on the host, written once for a run and for the members of a sweep.
+
+The rounds run in chunks, one host call each (`round_chunks`: one round, or with scanned
+rounds every round up to the next evaluation). After each chunk, for every member still
+running: a row per round (``{"round", **metrics, "seconds"}``), the finite check (a non-finite
+value stops the member: status "diverged", its rows before it kept), the communication
+(`records.add_communication`); on evaluated rounds (every ``eval_every`` and the last), the
+evaluation of every member at once, its accuracy / F1 aggregates and its cluster metrics. A
+run is the loop with one member; `mcfl.run` turns its divergence into an error, a sweep keeps
+its other members going.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from mcfl.config import RunConfig
+from mcfl.data import FederatedDataset
+from mcfl.evaluation import aggregate, client_metrics
+from mcfl.records import MemberRecord, add_communication, cluster_metrics
+
+
+def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int, int]]:
+    """(first round, number of rounds) of each host call: one round at a time, or, scanned,
+    the rounds up to each evaluation as one call (at most two lengths, so two compilations)."""
+    if not scanned:
+        return [(r, 1) for r in range(1, rounds + 1)]
+    chunks = []
+    first = 1
+    while first <= rounds:
+        end = min(-(-first // eval_every) * eval_every, rounds)
+        chunks.append((first, end - first + 1))
+        first = end + 1
+    return chunks
+
+
+class LoopHooks:
+    """What the loop tells its caller (all optional no-ops): a chunk about to run (its index),
+    each member's new row, and a chunk done (its index, its last round and the state, whole
+    here: a checkpoint may be taken, or the loop stopped by raising)."""
+
+    def chunk_started(self, index: int) -> None: ...
+
+    def row(self, member: int, row: dict[str, Any]) -> None: ...
+
+    def chunk_finished(self, index: int, last_round: int, state) -> None: ...
+
+
+def run_rounds(program, config: RunConfig, dataset: FederatedDataset, state, values, rounds_keys,
+               records: Sequence[MemberRecord], chunks: Sequence[tuple[int, int]],
+               hooks: Optional[LoopHooks] = None, keep: bool = False):
+    """Run `chunks` of rounds of `program` (`mcfl.program.RoundProgram`) from `state`, adding to
+    each member's record; returns the final state. `config` is the members' shared config (the
+    schedule of evaluations). With `keep`, each record also keeps every evaluated round's
+    assignments and the last evaluation's per-client metrics (a run's files need them)."""
+    hooks = hooks or LoopHooks()
+    data = dataset.arrays
+    params_count = program.plan.params_count
+    for index, (first, count) in enumerate(chunks):
+        hooks.chunk_started(index)
+        t0 = time.perf_counter()
+        state, metrics = program.rounds(count, values, state, data, rounds_keys, first)
+        seconds = (time.perf_counter() - t0) / count
+        if not program.members:
+            metrics = {k: np.asarray(v)[None] for k, v in metrics.items()}
+        fresh = [_chunk_rows(record, metrics, m, first, count, seconds, params_count)
+                 for m, record in enumerate(records)]
+        last = first + count - 1
+        if (last % config.eval_every == 0 or last == config.rounds) and any(
+                record.running for record in records):
+            _evaluate(program, values, state, dataset, records, fresh, last, keep)
+        for m, (record, rows) in enumerate(zip(records, fresh)):
+            record.rows.extend(rows)
+            for row in rows:
+                hooks.row(m, row)
+        if not any(record.running for record in records):
+            return state
+        hooks.chunk_finished(index, last, state)
+    for record in records:
+        if record.running:
+            record.status = "completed"
+    return state
+
+
+def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, count: int,
+                seconds: float, params_count: int) -> list[dict[str, Any]]:
+    """A running member's rows of one chunk, up to a non-finite one (which stops it)."""
+    rows: list[dict[str, Any]] = []
+    if not record.running:
+        return rows
+    for j in range(count):
+        row = {"round": first + j, **{k: float(v[member, j]) for k, v in metrics.items()},
+               "seconds": seconds}
+        if not all(math.isfinite(v) for v in row.values()):
+            record.status, record.diverged_row = "diverged", row
+            break
+        record.round_seconds.append(seconds)
+        record.comm_total += add_communication(row, params_count, record.comm_total)
+        rows.append(row)
+    return rows
+
+
+def _evaluate(program, values, state, dataset: FederatedDataset, records, fresh, last: int,
+              keep: bool) -> None:
+    """Evaluate every member; add the scores to each running member's last row."""
+    counts, test_counts, assigned = program.evaluate(values, state, dataset.arrays)
+    if not program.members:  # one member: give it the member axis
+        counts, test_counts, assigned = jax.tree.map(lambda a: np.asarray(a)[None],
+                                                     (counts, test_counts, assigned))
+    for m, (record, rows) in enumerate(zip(records, fresh)):
+        if not record.running:
+            continue
+        own = jax.tree.map(lambda a, m=m: a[m], counts)
+        scores = client_metrics(own, np.asarray(test_counts[m]))
+        rows[-1].update(aggregate(scores))
+        if assigned is not None:
+            assignment = np.asarray(assigned[m])
+            rows[-1].update(cluster_metrics(assignment, dataset.true_cluster))
+            if keep:
+                record.assignments.append(assignment)
+                record.assignment_rounds.append(last)
+        if keep:
+            record.client_metrics = scores

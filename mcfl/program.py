@@ -1,0 +1,214 @@
+"""The round program: one config's initialisation, rounds and evaluation as compiled programs.
+
+Built from a config and its plan (`mcfl.plan`), as purejaxrl's ``make_train(config)`` is:
+`RoundProgram` builds the algorithm once (`mcfl.algorithms.build_algorithm`) and gives three
+jittable functions of the *traced values* (a dict of the settings a sweep varies, by flat key:
+`mcfl.sweeps.spec`; empty for a single run, whose numbers are baked into the program):
+
+* ``init(values, init_key, data) -> state``;
+* ``rounds[count](values, state, data, rounds_key, first) -> (state, metrics [count])``: one
+  round, or with ``config.scan_rounds`` `count` rounds as one `lax.scan`;
+* ``evaluate(values, state, data) -> (counts, test_counts, assignments)``.
+
+Each builds the algorithm's hyperparameters (`Hyperparams`) from the config and the values,
+so a swept float is an argument, never a reason to rebuild anything. With ``members=True``
+every function takes a leading member axis on the values, state and keys (the data is
+shared): the members of a sweep run side by side (vmapped) or one after another in the same
+program (`over_members`), dealt over the devices of a member mesh. `mcfl.run` is the
+one-member case without that axis. The host loop over the rounds is `mcfl.loop`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcfl import engine
+from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
+from mcfl.algorithms.base import scan_rounds
+from mcfl.config import RunConfig
+from mcfl.data import FederatedDataset
+from mcfl.evaluation import ClientMetrics, client_metrics
+from mcfl.loop import round_chunks
+from mcfl.plan import RunPlan
+
+MEMBER_AXIS = "members"
+
+
+def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int, state, data):
+    """Per-client test counts of the models `algorithm` assigns to each client (on the data as
+    the clients hold it now), and the clients' test row counts."""
+    models, index = algorithm.client_models(state)
+    if index is None:
+        index = jnp.zeros((data.num_clients,), jnp.int32)
+    if algorithm.view is not None:
+        data = algorithm.view(state, data)
+    return engine.evaluate_counts(apply_fn, data, models, index, block_size), data.test_counts
+
+
+def evaluate(algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn,
+             block_size: int) -> ClientMetrics:
+    """Per-client test metrics of the models `algorithm` assigns to each client."""
+    counts, test_counts = jax.device_get(jax.jit(functools.partial(
+        evaluation_counts, algorithm, apply_fn, block_size))(state, dataset.arrays))
+    return client_metrics(counts, np.asarray(test_counts))
+
+
+def member_mesh(devices: int) -> Optional[jax.sharding.Mesh]:
+    """The mesh dealing members over `devices` devices (None for one)."""
+    if devices == 1:
+        return None
+    return jax.make_mesh((devices,), (MEMBER_AXIS,), (jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:devices])
+
+
+def over_members(fn: Callable, batched: tuple[bool, ...], mesh: Optional[jax.sharding.Mesh],
+                 width: Optional[int] = None):
+    """`fn` over the member axis of the arguments marked `batched` (the others, the data and
+    the round number, are shared): `width` members at a time side by side (vmapped), those
+    groups one after another (`lax.map`); None: all side by side. On a mesh, the members are
+    dealt over its devices first."""
+    def mapped(*args):
+        xs = tuple(a for a, b in zip(args, batched) if b)
+        shared = [a for a, b in zip(args, batched) if not b]
+
+        def one(x):
+            own, rest = iter(x), iter(shared)
+            return fn(*(next(own) if b else next(rest) for b in batched))
+
+        count = jax.tree.leaves(xs)[0].shape[0]
+        if width is None or width >= count:
+            return jax.vmap(one)(xs)
+        return jax.lax.map(one, xs, batch_size=width if width > 1 else None)
+
+    if mesh is None:
+        return mapped
+    spec = jax.sharding.PartitionSpec(MEMBER_AXIS)
+    shared = jax.sharding.PartitionSpec()
+    return jax.shard_map(mapped, mesh=mesh, in_specs=tuple(spec if b else shared
+                                                           for b in batched),
+                         out_specs=spec, check_vma=False)  # members never mix
+
+
+def footprint(compiled) -> Optional[int]:
+    """Bytes a compiled program holds while it runs, by XLA's memory analysis."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # some backends have none
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes)
+
+
+class RoundProgram:
+    """The compiled programs of `config` on its `plan` (see the module docstring).
+
+    `traced`: the flat keys whose values are arguments (a sweep group's varied settings).
+    `members`: a leading member axis on values, state and keys; `mesh` deals it over devices
+    and `width` members run side by side. `jit_options`: extra `jax.jit` arguments (a
+    multi-process run's replicated outputs).
+    """
+
+    def __init__(self, config: RunConfig, plan: RunPlan, traced: Sequence[str] = (),
+                 members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
+                 width: Optional[int] = None, jit_options: Optional[dict] = None):
+        self.config, self.plan, self.traced, self.members = config, plan, tuple(traced), members
+        self.algorithm = algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+        self.clustered = algorithm.assignments is not None
+        self.scanned = scanned = config.scan_rounds
+        self.chunks = round_chunks(config.rounds, config.eval_every, scanned)
+        self.compile_seconds = 0.0
+        jit_options = jit_options or {}
+
+        def hp(values):
+            return hyperparams(config, plan.model, values)
+
+        def init(values, init_key, data):
+            return algorithm.init(data, init_key, hp(values))
+
+        def rounds(count, values, state, data, rounds_key, first):
+            if scanned:
+                return scan_rounds(algorithm, hp(values), state, data, rounds_key, first, count)
+            state, metrics = algorithm.round(state, data, jax.random.fold_in(rounds_key, first),
+                                             hp(values))
+            return state, jax.tree.map(lambda m: m[None], metrics)
+
+        def evaluate_(values, state, data):
+            del values  # evaluation depends on the state alone
+            counts, test_counts = evaluation_counts(algorithm, plan.model.apply,
+                                                    plan.eval_block, state, data)
+            return counts, test_counts, algorithm.assignments(state) if self.clustered else None
+
+        lift = (functools.partial(over_members, mesh=mesh, width=width) if members
+                else lambda fn, batched: fn)
+        self._init = jax.jit(lift(init, (True, True, False)), **jit_options)
+        self._evaluate = jax.jit(lift(evaluate_, (True, True, False)), **jit_options)
+        # The state is donated: an algorithm that updates part of a large state (Local's
+        # [C, ...] models) does it in place instead of copying it every round.
+        self._rounds = {count: jax.jit(lift(functools.partial(rounds, count),
+                                            (True, True, False, True, False)),
+                                       donate_argnums=(1,), **jit_options)
+                        for count in sorted({count for _, count in self.chunks})}
+        self._compiled: dict[Any, Any] = {}
+
+    def values(self, configs: Sequence[RunConfig]) -> dict[str, jax.Array]:
+        """The traced values of `configs` (one per member, stacked [M]); {} without any."""
+        if not self.members:
+            return {}
+        return {k: jnp.asarray([getattr(c, k) for c in configs], jnp.float32)
+                for k in self.traced}
+
+    def compile(self, values, init_keys, rounds_keys, data) -> Optional[int]:
+        """Compile every program for arguments like these; the largest footprint in bytes
+        (None when the backend cannot say)."""
+        self.compile_init(values, init_keys, data)
+        state = jax.eval_shape(self._init, values, init_keys, data)
+        return self.compile_rounds(values, state, rounds_keys, data)
+
+    def compile_init(self, values, init_keys, data) -> None:
+        self._lower_and_compile({"init": lambda: self._init.lower(values, init_keys, data)})
+
+    def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
+        """Compile the rounds of every chunk length and the evaluation for a state like
+        `state` (a state itself: its shardings are kept); the largest footprint of all."""
+        first = jnp.asarray(1, jnp.int32)
+        programs = {count: functools.partial(fn.lower, values, state, data, rounds_keys, first)
+                    for count, fn in self._rounds.items()}
+        programs["evaluate"] = functools.partial(self._evaluate.lower, values, state, data)
+        self._lower_and_compile(programs)
+        sizes = [footprint(c) for c in self._compiled.values()]
+        return None if None in sizes else max(sizes)
+
+    def _lower_and_compile(self, programs: dict[Any, Callable]) -> None:
+        """Trace (under the plan's block size), lower and compile each of `programs`."""
+        start = time.perf_counter()
+        with engine.planned_block_size(self.plan.train_block):
+            lowered = {name: lower() for name, lower in programs.items()}
+        self._compiled.update({name: lo.compile() for name, lo in lowered.items()})
+        self.compile_seconds += time.perf_counter() - start
+
+    def init(self, values, init_keys, data):
+        """The initial state, computed (waited for, so that no round counts its time)."""
+        return jax.block_until_ready(self._compiled["init"](values, init_keys, data))
+
+    def rounds(self, count: int, values, state, data, rounds_keys, first: int):
+        """(new state, metrics as NumPy arrays [count], or [M, count] with members)."""
+        with warnings.catch_warnings():
+            # Buffers of state parts an algorithm rebuilds cannot be reused; that is fine.
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            state, metrics = self._compiled[count](values, state, data, rounds_keys,
+                                                   jnp.asarray(first, jnp.int32))
+        return state, jax.device_get(metrics)
+
+    def evaluate(self, values, state, data):
+        """(counts, test_counts, assignments or None) on the host."""
+        return jax.device_get(self._compiled["evaluate"](values, state, data))
