@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
     args = parser.parse_args()
-    base = from_dict({**get("flexcfl-table3-synthetic").base, "rounds": args.rounds})
+    base = from_dict({**get("flexcfl-table3-synthetic").base(), "rounds": args.rounds})
     seeds = [base.seed + i for i in range(args.seeds)]
     print(f"FlexCFL Table III, Synthetic(1,1)-MCLR, {args.rounds} rounds, seeds {seeds}; "
           "score by the paper's rule, %")

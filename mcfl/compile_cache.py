@@ -17,6 +17,10 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import jax
+
+from mcfl.data.cache import default_cache_dir
+
 DISABLE_VARIABLE = "MCFL_NO_COMPILE_CACHE"
 SUBDIRECTORY = "jax-compile"
 
@@ -29,16 +33,12 @@ def enable(cache_dir: Optional[str | Path] = None) -> Optional[Path]:
     """Cache every compiled program under `cache_dir` (default: the mcfl cache directory's
     ``jax-compile``). Returns the folder in use, or None when the environment turns the cache
     off. Programs of any size and compile time are kept: mcfl's rounds compile in seconds."""
-    import jax
-
     if disabled_by_environment():
         return None
     current = jax.config.jax_compilation_cache_dir
     if current:  # the user configured JAX's cache themselves
         return Path(current)
     if cache_dir is None:
-        from mcfl.data.cache import default_cache_dir
-
         cache_dir = default_cache_dir() / SUBDIRECTORY
     path = Path(cache_dir).expanduser()
     path.mkdir(parents=True, exist_ok=True)

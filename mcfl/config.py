@@ -1,12 +1,16 @@
-"""Run configuration: the shared settings of a run plus the algorithm's own hyperparameters.
+"""Run configuration: the settings of a run, grouped by concern, plus the algorithm's own
+hyperparameters.
 
 A run is a pure function of (RunConfig, seed): the config fixes every shape, the seed every
-random draw. Every setting is typed and documented (`mcfl.settings`); the algorithm's own
-hyperparameters are its registered dataclass (`mcfl.algorithms.registry`), reached as
-``config.params`` and, flat, by their keys (``config.fesem_lambda``). Configs load from JSON or
-TOML files whose keys are the flat keys; unknown keys, values of the wrong type or out of range,
-and hyperparameters of another algorithm raise `ConfigError` naming the key, the value and what
-is allowed.
+random draw. `RunConfig` holds the run itself (algorithm, rounds, seed, K) and one frozen
+group per concern: `data`, `network` (the model), `training` (local training), `sampling`,
+`distribution_shift`, `evaluation` and `execution`; the algorithm's hyperparameters are its
+registered dataclass (`mcfl.algorithms.registry`), ``config.params``. Every setting is typed
+and documented (`mcfl.settings`) and has a *flat key*, its name in config files, flags
+(``--local-epochs``) and Python: ``RunConfig(lr=0.05, mu=1.0)``, ``config.lr``,
+``config.replace(lr=0.1)`` and ``config.to_dict()`` all speak flat keys, whatever group holds
+them. Unknown keys, values of the wrong type or out of range, and hyperparameters of another
+algorithm raise `ConfigError` naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
@@ -19,78 +23,36 @@ from typing import Annotated, Any, Optional, Union
 
 import tomllib
 
-from mcfl.errors import ConfigError, choice_error
+from mcfl import settings
+from mcfl.algorithms import registry
+from mcfl.data.settings import DEFAULT_CLIENTS, DataSettings, check_data
+from mcfl.errors import ConfigError
+from mcfl.sampling import resolve_clients_per_round
 from mcfl.settings import INT64_MAX, Static, setting
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
-DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
-TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
-NORMALIZATIONS = ("scale", "standardize", "none")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
 MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf", "cnn-celeba")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 SCORES = ("mcfl", "paper")
-CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.schedule.SCHEDULES
-DEFAULT_CLIENTS = 100
+CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.algorithms.schedule.SCHEDULES
 
 
-def _registry():
-    """The algorithm registry, populated (importing the algorithms imports JAX: done lazily)."""
-    import mcfl.algorithms  # noqa: F401  (registers every algorithm)
-    from mcfl.algorithms import registry
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """The network every client trains."""
 
-    return registry
-
-
-def algorithm_names() -> tuple[str, ...]:
-    return _registry().names()
-
-
-@dataclasses.dataclass(frozen=True, init=False)
-class RunConfig:
-    """Every setting of a run. Defaults follow FlexCFL's setup (B = 10, 20 clients a round).
-
-    ``RunConfig(algorithm="fesem", fesem_lambda=0.1, clients=200)``: shared settings by name,
-    the algorithm's hyperparameters by their flat keys (or ``params=`` its dataclass).
-    """
-
-    algorithm: str = setting("fedavg", "the algorithm (see the table in the README)")
-    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | leaf | "
-                           "tfds:NAME")
-    clients: Optional[int] = setting(None, "number of clients (default: all the users of a "
-                                     "natural dataset (leaf), else 100)", minimum=1)
-    rounds: int = setting(50, "communication rounds", minimum=1)
-    seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
-                        maximum=INT64_MAX)
-    data_seed: Optional[int] = setting(None, "seed of the dataset (default: --seed)", minimum=0,
-                                       maximum=INT64_MAX)
-    data_dir: Optional[str] = setting(None, "folder holding the dataset's files")
-    download: bool = setting(False, "let tensorflow-datasets download the data (never by "
-                             "default)")
-    partition: Optional[str] = setting(
-        None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
-        "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5); default: natural for "
-        "synthetic and leaf, else iid")
-    samples_per_client: Optional[int] = setting(
-        None, "split datasets: keep at most this many rows (train + test) of each client, "
-        "drawn at random (IFCA's n); default all", minimum=1)
-    test_fraction: Optional[float] = setting(
-        None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2; "
-        "leaf: its own test files, unless given: then each user's rows are split again)",
-        above=0, below=1)
-    normalize: Optional[str] = setting(None, "scale | standardize | none (default: the "
-                                       "partition recipe's)", choices=NORMALIZATIONS)
-    synthetic_alpha: float = setting(1.0, "Synthetic(alpha, beta): how much local models "
-                                     "differ", minimum=0)
-    synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta): how much local inputs differ",
-                                    minimum=0)
-    model: str = setting("mclr", "mclr | mlp | cnn-fmnist | cnn-leaf | cnn-celeba",
-                         choices=MODELS)
+    model: str = setting("mclr", "mclr | mlp (widths: --hidden) | cnn-fmnist (FlexCFL's "
+                         "FashionMNIST CNN) | cnn-leaf (LEAF's FEMNIST CNN) | cnn-celeba (LEAF's "
+                         "CelebA CNN without its batch normalisation)", choices=MODELS)
     hidden: tuple[int, ...] = setting((200, 200), "MLP hidden widths, e.g. 200,200")
-    conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, fast on "
-                        "CPU) | xla (flax Conv) | auto (matmul on CPU, xla on GPU / TPU)",
-                        choices=CONVS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """What a client does in a round (`mcfl.engine.LocalTraining`)."""
+
     lr: float = setting(0.01, "client learning rate (FedSGD: the server's)", above=0)
     batch_size: int = setting(10, "local mini-batch size B", minimum=1)
     local_epochs: int = setting(1, "local epochs E (each ceil(n_i/B) steps)", minimum=1)
@@ -102,6 +64,12 @@ class RunConfig:
     weight_decay: Annotated[float, Static("0 or not picks the training path: the factored "
                                           "fast paths need plain SGD")] = setting(
         0.0, "L2 weight decay on the clients", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """Which clients train each round."""
+
     clients_per_round: Optional[Union[int, float]] = setting(
         None, "clients sampled per round: a count (20) or a fraction (0.1); default "
         "min(20, clients)")
@@ -109,18 +77,38 @@ class RunConfig:
         "random", "which clients train each round: random (S distinct at random) | "
         "round_robin_first (the first ceil(C/S) rounds go through every client once, in a "
         "random order, then random: the FlexCFL authors' code)", choices=CLIENT_SAMPLINGS)
-    clusters: int = setting(4, "K: FeSEM centers, IFCA models, FedGroup groups, CFL's most "
-                            "clusters (clustered algorithms)", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShiftSettings:
+    """Client-level distribution shift (FlexCFL Sec. 5.3), for any algorithm."""
+
     shift: str = setting("none", "client-level distribution shift: none | swap_all | swap_part "
                          "| incremental", choices=SHIFTS)
     shift_prob: float = setting(0.05, "chance of a swap each round (swap_all, swap_part)",
                                 minimum=0, maximum=1)
     shift_interval: int = setting(50, "incremental: rounds between releases of 25% more "
                                   "training data", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationSettings:
+    """When a run is scored, how, and what it keeps for plots."""
+
     eval_every: int = setting(1, "evaluate every N rounds (and after the last)", minimum=1)
     score: str = setting("mcfl", "the 'best' accuracy printed and compared: mcfl (the best "
                          "evaluated round) | paper (FlexCFL's rule: only rounds with every "
                          "client in a group count); summary.json has both", choices=SCORES)
+    embed_clients: int = setting(1000, "clustered runs: after the last round, this many clients "
+                                 "(all if fewer) train once from their cluster's model, and "
+                                 "their models' 2-D PCA projection is kept (clients_pca.npz, "
+                                 "mcfl plot clusters); 0: none", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionSettings:
+    """How the computation runs: the same numbers whatever these are (to float rounding)."""
+
     scan_rounds: bool = setting(False, "run the rounds between evaluations as one lax.scan on "
                                 "the device, with no host round-trip per round (per-round "
                                 "rows arrive at each evaluation)")
@@ -129,31 +117,73 @@ class RunConfig:
     low_rank: str = setting("auto", "train dense layers with factored weight changes "
                             "(mcfl.engine.lowrank): auto (when faster) | on | off",
                             choices=LOW_RANK)
+    conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, 20x "
+                        "faster on CPU) | xla (flax Conv) | auto (matmul on CPU, xla on GPU / "
+                        "TPU)", choices=CONVS)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
-    embed_clients: int = setting(1000, "clustered runs: after the last round, this many clients "
-                                 "(all if fewer) train once from their cluster's model, and "
-                                 "their models' 2-D PCA projection is kept (clients_pca.npz, "
-                                 "mcfl plot clusters); 0: none", minimum=0)
-    params: Any = dataclasses.field(default=None, metadata={"doc": "", "internal": True})
+
+
+# The groups of a RunConfig: attribute name -> settings class, in the order flags, config
+# files and the README list them.
+GROUPS: dict[str, type] = {
+    "data": DataSettings,
+    "network": ModelSettings,
+    "training": TrainingSettings,
+    "sampling": SamplingSettings,
+    "distribution_shift": ShiftSettings,
+    "evaluation": EvaluationSettings,
+    "execution": ExecutionSettings,
+}
+GROUP_TITLES = {"run": "the run", "data": "data", "network": "model",
+                "training": "local training", "sampling": "client sampling",
+                "distribution_shift": "distribution shift", "evaluation": "evaluation",
+                "execution": "execution"}
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class RunConfig:
+    """Every setting of a run. Defaults follow FlexCFL's setup (B = 10, 20 clients a round).
+
+    ``RunConfig(algorithm="fesem", fesem_lambda=0.1, clients=200)``: settings and the
+    algorithm's hyperparameters by their flat keys; a whole group by its name
+    (``training=TrainingSettings(lr=0.05)``, flat keys given beside it win), the
+    hyperparameters as ``params=`` their dataclass.
+    """
+
+    algorithm: str = setting("fedavg", "the algorithm (see the table in the README)")
+    rounds: int = setting(50, "communication rounds", minimum=1)
+    seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
+                        maximum=INT64_MAX)
+    clusters: int = setting(4, "K: FeSEM centers, IFCA models, FedGroup groups, CFL's most "
+                            "clusters (clustered algorithms)", minimum=1)
+    data: DataSettings = dataclasses.field(default_factory=DataSettings)
+    network: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
+    sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
+    distribution_shift: ShiftSettings = dataclasses.field(default_factory=ShiftSettings)
+    evaluation: EvaluationSettings = dataclasses.field(default_factory=EvaluationSettings)
+    execution: ExecutionSettings = dataclasses.field(default_factory=ExecutionSettings)
+    params: Any = None
 
     def __init__(self, **values):
-        from mcfl.settings import check
-
         params = values.pop("params", None)
         algorithm = values.get("algorithm", "fedavg")
         if not isinstance(algorithm, str):
             raise ConfigError(f"algorithm must be a string, got {algorithm!r}")
-        registry = _registry()
         spec = registry.get(algorithm)
-        for f in SHARED_FIELDS.values():
+        for f in RUN_FIELDS.values():
             value = values.pop(f.name) if f.name in values else f.default
-            object.__setattr__(self, f.name, check(RunConfig, f, value))
+            object.__setattr__(self, f.name, settings.check(RunConfig, f, value))
+        for name, cls in GROUPS.items():
+            object.__setattr__(self, name, _group(name, cls, values))
         if self.clients is None and self.dataset != "leaf":
             # Only a natural dataset knows its users; the others are split over 100 clients.
-            object.__setattr__(self, "clients", DEFAULT_CLIENTS)
+            object.__setattr__(self, "data", dataclasses.replace(self.data,
+                                                                 clients=DEFAULT_CLIENTS))
         if self.data_dir is not None:  # "~/data" in a config file means what a shell means
-            object.__setattr__(self, "data_dir", os.path.expanduser(self.data_dir))
+            object.__setattr__(self, "data", dataclasses.replace(
+                self.data, data_dir=os.path.expanduser(self.data_dir)))
         if params is not None:
             if not isinstance(params, spec.params):
                 raise ConfigError(f"params for {algorithm!r} must be a "
@@ -165,11 +195,13 @@ class RunConfig:
         _validate(self)
 
     def __getattr__(self, name: str):
-        """The algorithm's hyperparameters by flat key or field name (``config.mu``)."""
-        if name.startswith("__") or name == "params":
+        """Any setting or hyperparameter by its flat key (or field name): ``config.lr``,
+        ``config.mu``."""
+        if name.startswith("__") or name in ("params", *GROUPS):
             raise AttributeError(name)
-        from mcfl import settings
-
+        group = GROUP_OF.get(name)
+        if group is not None:
+            return getattr(object.__getattribute__(self, group), name)
         params = object.__getattribute__(self, "params")
         for f in dataclasses.fields(params):
             if name in (f.name, settings.key_of(f)):
@@ -182,9 +214,7 @@ class RunConfig:
         values = self.to_dict()
         new = changes.get("algorithm", self.algorithm)
         if new != self.algorithm:
-            from mcfl import settings
-
-            keep = settings.fields_of(_registry().get(new).params)
+            keep = settings.fields_of(registry.get(new).params)
             for key in settings.as_flat(self.params):
                 if key not in keep:
                     values.pop(key)
@@ -193,8 +223,6 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every setting by flat key, the algorithm's hyperparameters included (the form of
         config files and of summary.json's "config")."""
-        from mcfl import settings
-
         out = {name: getattr(self, name) for name in SHARED_FIELDS}
         out["hidden"] = list(self.hidden)
         out.update(settings.as_flat(self.params))
@@ -202,20 +230,82 @@ class RunConfig:
 
     @property
     def clustered(self) -> bool:
-        return _registry().get(self.algorithm).clustered
+        return registry.get(self.algorithm).clustered
 
 
-SHARED_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig) if f.name != "params"}
+def _group(name: str, cls: type, values: dict[str, Any]):
+    """Group `name` of a config from `values` (its instance under `name`, then its flat keys,
+    which are removed from `values`), every value checked."""
+    base = values.pop(name, None)
+    if base is not None and not isinstance(base, cls):
+        raise ConfigError(f"{name} must be a {cls.__name__}, got {type(base).__name__}")
+    base = base if base is not None else cls()
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = values.pop(f.name) if f.name in values else getattr(base, f.name)
+        kwargs[f.name] = settings.check(cls, f, value)
+    return cls(**kwargs)
+
+
+RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)
+              if f.name not in GROUPS and f.name != "params"}
+# flat key -> the group holding it (None: the run itself)
+GROUP_OF: dict[str, str] = {f.name: name for name, cls in GROUPS.items()
+                            for f in dataclasses.fields(cls)}
+# Every shared setting by flat key, with the class that declares it, in the order of flags.
+SHARED_FIELDS: dict[str, dataclasses.Field] = {
+    **RUN_FIELDS, **{f.name: f for cls in GROUPS.values() for f in dataclasses.fields(cls)}}
+OWNER: dict[str, type] = {**{k: RunConfig for k in RUN_FIELDS},
+                          **{f.name: cls for cls in GROUPS.values()
+                             for f in dataclasses.fields(cls)}}
+
+
+def algorithm_names() -> tuple[str, ...]:
+    return registry.names()
 
 
 def all_keys() -> dict[str, Any]:
     """Every flat key a config can hold: the shared settings, then every algorithm's
     hyperparameters (a key shared by several algorithms once)."""
-    return {**SHARED_FIELDS, **{k: None for k in _registry().owners_of_keys()}}
+    return {**SHARED_FIELDS, **{k: None for k in registry.owners_of_keys()}}
+
+
+def hint_of(key: str):
+    """The type of flat key `key`: a shared setting's or some algorithm's hyperparameter's."""
+    if key in SHARED_FIELDS:
+        return settings.type_of(OWNER[key], SHARED_FIELDS[key])
+    for owner in registry.owners_of_keys().get(key, []):
+        cls = registry.get(owner).params
+        return settings.type_of(cls, settings.fields_of(cls)[key])
+    raise ConfigError(f"unknown config key {key!r}; allowed: {', '.join(all_keys())}")
+
+
+def markdown_table() -> str:
+    """The README's table of the shared settings, by concern (generated; a test keeps the
+    README in step): flag, meaning, default."""
+    lines = ["| flag | meaning | default |", "| --- | --- | --- |"]
+    for group in ("run", *GROUPS):
+        lines.append(f"| *{GROUP_TITLES[group]}* | | |")
+        for key, f in SHARED_FIELDS.items():
+            if GROUP_OF.get(key, "run") == group:
+                doc = "one of the registered algorithms (table below)" if key == "algorithm" \
+                    else settings.doc_of(f)
+                default = "-" if f.default is None else f"`{_shown(f.default)}`"
+                lines.append(f"| `--{key.replace('_', '-')}` | {doc.replace('|', '/')} | "
+                             f"{default} |")
+    return "\n".join(lines)
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 def _validate(c: RunConfig) -> None:
-    _validate_data(c)
+    check_data(c.data)
     if c.low_rank == "on" and (c.client_optimizer != "sgd" or c.weight_decay != 0):
         raise ConfigError(
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
@@ -230,38 +320,7 @@ def _validate(c: RunConfig) -> None:
     check = getattr(c.params, "check", None)
     if check is not None:  # an algorithm's checks across settings
         check(c)
-    from mcfl.sampling import resolve_clients_per_round
-
     resolve_clients_per_round(c.clients_per_round, c.clients)
-
-
-def _validate_data(c: RunConfig) -> None:
-    if c.dataset.startswith("tfds:"):
-        base = c.dataset[len("tfds:"):].split("/")[0]
-        if base not in TFDS_NAMES:
-            raise choice_error("tfds dataset", base, TFDS_NAMES)
-    elif c.dataset not in DATASETS:
-        raise choice_error("dataset", c.dataset, DATASETS)
-    if c.normalize is not None and c.normalize not in NORMALIZATIONS:
-        raise choice_error("normalize", c.normalize, NORMALIZATIONS)
-    from mcfl.data.spec import parse_partition
-
-    if c.partition is not None:
-        part = parse_partition(c.partition)
-        natural_only = c.dataset in ("synthetic", "leaf")
-        if natural_only and (part.kind != "natural" or part.planted):
-            raise ConfigError(
-                f"dataset {c.dataset!r} comes split by its own users: its partition is "
-                f"'natural', not {c.partition!r}"
-            )
-        if not natural_only and part.kind == "natural":
-            raise ConfigError(
-                f"partition 'natural' needs per-user data (dataset synthetic or leaf), "
-                f"not {c.dataset!r}"
-            )
-    if c.samples_per_client is not None and c.dataset in ("synthetic", "leaf"):
-        raise ConfigError(f"samples_per_client applies to datasets split over clients, not "
-                          f"{c.dataset!r} (its users bring their own rows)")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:
@@ -277,20 +336,8 @@ def from_dict(values: dict[str, Any]) -> RunConfig:
         )
     values = dict(values)
     if "hidden" in values and isinstance(values["hidden"], str):
-        values["hidden"] = parse_hidden(values["hidden"])
+        values["hidden"] = settings.parse_int_list(values["hidden"])
     return RunConfig(**values)
-
-
-def parse_hidden(value) -> tuple[int, ...]:
-    """'200,200' or [200, 200] -> (200, 200)."""
-    try:
-        if isinstance(value, str):
-            return tuple(int(v) for v in value.split(",") if v.strip())
-        return tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"hidden must be comma-separated integers like 200,200, got {value!r}"
-        ) from None
 
 
 def load_file(path: Union[str, Path]) -> dict[str, Any]:

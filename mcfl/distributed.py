@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import jax
+
 from mcfl.errors import ConfigError
 
 
@@ -23,8 +25,6 @@ def initialize(coordinator: Optional[str], num_processes: Optional[int],
                process_id: Optional[int], timeout_seconds: int = 300) -> None:
     """Join a multi-process run before any other use of JAX. With no arguments, JAX finds the
     cluster itself (TPU pods, SLURM, ...); otherwise all three are needed."""
-    import jax
-
     given = [v is not None for v in (coordinator, num_processes, process_id)]
     if any(given) and not all(given):
         raise ConfigError("a multi-process run needs --coordinator HOST:PORT, --num-processes N "
@@ -40,23 +40,17 @@ def initialize(coordinator: Optional[str], num_processes: Optional[int],
 
 
 def process_count() -> int:
-    import jax
-
     return jax.process_count()
 
 
 def is_leader() -> bool:
     """Whether this process writes results (process 0; the only one in a one-process run)."""
-    import jax
-
     return jax.process_index() == 0
 
 
 def replicated_outputs(mesh) -> dict:
     """`jax.jit` keyword arguments that make every output replicated on `mesh` when the run
     spans several processes (a process can read back only what it holds); none otherwise."""
-    import jax
-
     if mesh is None or jax.process_count() == 1:
         return {}
     return {"out_shardings": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}

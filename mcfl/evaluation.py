@@ -1,9 +1,9 @@
 """Per-client accuracy and macro-F1, and their micro / macro aggregates over clients.
 
-Definitions (../shared/ALGORITHMS.md, "Evaluation"): F1 is computed per client, macro over the
-classes present in that client's labels or predictions (scikit-learn's ``average="macro"``);
-**micro** aggregates weight clients by their test samples (for accuracy, the same as pooling all
-test samples), **macro** is the plain mean over clients.
+Definitions (as the FeSEM and FlexCFL evaluations use them): F1 is computed per client, macro
+over the classes present in that client's labels or predictions (scikit-learn's
+``average="macro"``); **micro** aggregates weight clients by their test samples (for accuracy,
+the same as pooling all test samples), **macro** is the plain mean over clients.
 """
 
 from __future__ import annotations

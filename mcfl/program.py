@@ -11,15 +11,19 @@ jittable functions of the *traced values* (a dict of the settings a sweep varies
 * ``evaluate(values, state, data) -> (counts, test_counts, assignments)``.
 
 Each builds the algorithm's hyperparameters (`Hyperparams`) from the config and the values,
-so a swept float is an argument, never a reason to rebuild anything. With ``members=True``
-every function takes a leading member axis on the values, state and keys (the data is
-shared): the members of a sweep run side by side (vmapped) or one after another in the same
-program (`over_members`), dealt over the devices of a member mesh. `mcfl.run` is the
-one-member case without that axis. The host loop over the rounds is `mcfl.loop`.
+so a swept float is an argument, never a reason to rebuild anything. The seeds are arguments
+too (the keys), so `round_program` keeps the last few programs: runs of one config with other
+seeds (``for s in seeds: mcfl.run(config.replace(seed=s), dataset=data)``) compile once.
+With ``members=True`` every function takes a leading member axis on the values, state and
+keys (the data is shared): the members of a sweep run side by side (vmapped) or one after
+another in the same program (`over_members`), dealt over the devices of a member mesh.
+`mcfl.run` is the one-member case without that axis. The host loop over the rounds is
+`mcfl.loop`.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 import warnings
@@ -158,7 +162,8 @@ class RoundProgram:
                                             (True, True, False, True, False)),
                                        donate_argnums=(1,), **jit_options)
                         for count in sorted({count for _, count in self.chunks})}
-        self._compiled: dict[Any, Any] = {}
+        # name -> (the signature of the arguments it was compiled for, the executable)
+        self._compiled: dict[Any, tuple[Any, Any]] = {}
 
     def values(self, configs: Sequence[RunConfig]) -> dict[str, jax.Array]:
         """The traced values of `configs` (one per member, stacked [M]); {} without any."""
@@ -175,40 +180,82 @@ class RoundProgram:
         return self.compile_rounds(values, state, rounds_keys, data)
 
     def compile_init(self, values, init_keys, data) -> None:
-        self._lower_and_compile({"init": lambda: self._init.lower(values, init_keys, data)})
+        self._lower_and_compile({"init": (self._init, (values, init_keys, data))})
 
     def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
         """Compile the rounds of every chunk length and the evaluation for a state like
         `state` (a state itself: its shardings are kept); the largest footprint of all."""
         first = jnp.asarray(1, jnp.int32)
-        programs = {count: functools.partial(fn.lower, values, state, data, rounds_keys, first)
+        programs = {count: (fn, (values, state, data, rounds_keys, first))
                     for count, fn in self._rounds.items()}
-        programs["evaluate"] = functools.partial(self._evaluate.lower, values, state, data)
+        programs["evaluate"] = (self._evaluate, (values, state, data))
         self._lower_and_compile(programs)
-        sizes = [footprint(c) for c in self._compiled.values()]
+        sizes = [footprint(compiled) for _, compiled in self._compiled.values()]
         return None if None in sizes else max(sizes)
 
-    def _lower_and_compile(self, programs: dict[Any, Callable]) -> None:
-        """Trace (under the plan's block size), lower and compile each of `programs`."""
+    def _lower_and_compile(self, programs: dict[Any, tuple[Callable, tuple]]) -> None:
+        """Trace (under the plan's block size), lower and compile each of `programs` (a jitted
+        function and its arguments), unless it was compiled for arguments like these."""
         start = time.perf_counter()
+        todo = {name: (fn, args, signature(args)) for name, (fn, args) in programs.items()}
+        todo = {name: item for name, item in todo.items()
+                if self._compiled.get(name, (None,))[0] != item[2]}
         with engine.planned_block_size(self.plan.train_block):
-            lowered = {name: lower() for name, lower in programs.items()}
-        self._compiled.update({name: lo.compile() for name, lo in lowered.items()})
+            lowered = {name: (fn.lower(*args), sig) for name, (fn, args, sig) in todo.items()}
+        self._compiled.update({name: (sig, lo.compile()) for name, (lo, sig) in lowered.items()})
         self.compile_seconds += time.perf_counter() - start
 
     def init(self, values, init_keys, data):
         """The initial state, computed (waited for, so that no round counts its time)."""
-        return jax.block_until_ready(self._compiled["init"](values, init_keys, data))
+        return jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
 
     def rounds(self, count: int, values, state, data, rounds_keys, first: int):
         """(new state, metrics as NumPy arrays [count], or [M, count] with members)."""
         with warnings.catch_warnings():
             # Buffers of state parts an algorithm rebuilds cannot be reused; that is fine.
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            state, metrics = self._compiled[count](values, state, data, rounds_keys,
-                                                   jnp.asarray(first, jnp.int32))
+            state, metrics = self._compiled[count][1](values, state, data, rounds_keys,
+                                                      jnp.asarray(first, jnp.int32))
         return state, jax.device_get(metrics)
 
     def evaluate(self, values, state, data):
         """(counts, test_counts, assignments or None) on the host."""
-        return jax.device_get(self._compiled["evaluate"](values, state, data))
+        return jax.device_get(self._compiled["evaluate"][1](values, state, data))
+
+
+def signature(args) -> tuple:
+    """What a compiled program is specific to: the arguments' structure, shapes, dtypes and
+    shardings (not their values)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, tuple((tuple(x.shape), str(x.dtype), getattr(x, "sharding", None))
+                          for x in leaves)
+
+
+PROGRAMS_KEPT = 8  # programs `round_program` keeps (their executables, no data)
+_PROGRAMS: collections.OrderedDict[tuple, RoundProgram] = collections.OrderedDict()
+
+
+def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] = (),
+                  members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
+                  width: Optional[int] = None, jit_options: Optional[dict] = None
+                  ) -> RoundProgram:
+    """`RoundProgram(config, plan, ...)`, or the one already built for the same config up to
+    its seeds (keys are arguments) on data of the same shapes: the last `PROGRAMS_KEPT` are
+    kept, with the executables they compiled."""
+    settings = tuple(sorted((k, repr(v)) for k, v in config.to_dict().items()
+                            if k not in ("seed", "data_seed")))
+    key = (settings, signature(data), tuple(traced), members, mesh, width, repr(jit_options),
+           build_algorithm)  # (a replaced builder, in tests, builds other programs)
+    if key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return _PROGRAMS[key]
+    program = RoundProgram(config, plan, traced, members, mesh, width, jit_options)
+    _PROGRAMS[key] = program
+    while len(_PROGRAMS) > PROGRAMS_KEPT:
+        _PROGRAMS.popitem(last=False)
+    return program
+
+
+def forget_programs() -> None:
+    """Drop the programs `round_program` keeps."""
+    _PROGRAMS.clear()

@@ -5,7 +5,7 @@ A run is the one-member case of the round program (`mcfl.program`) driven by the
 checkpoints and resume, the profiler, the final summary, clients.csv and the clients' 2-D
 embedding. The training loop prints and writes nothing: it tells its observers
 (`RunObserver`) about each round, the end and any stop, and a `progress` callback about each
-round. `mcfl.run(config, out_dir=...)` adds the run-folder observer of `mcfl.apps.output`,
+round. `mcfl.run(config, out_dir=...)` adds the run-folder observer of `mcfl.run_folder`,
 under which rounds.csv grows one row per round as the run goes, so a run that stops early
 (NaN, Ctrl-C) keeps every round it finished.
 """
@@ -32,8 +32,9 @@ from mcfl.embedding import client_embedding
 from mcfl.errors import ConfigError, TrainingDivergedError
 from mcfl.loop import LoopHooks, run_rounds
 from mcfl.plan import client_mesh, plan_run, run_keys
-from mcfl.program import RoundProgram
+from mcfl.program import RoundProgram, round_program
 from mcfl.records import MemberRecord
+from mcfl.run_folder import RunFolder, prepare_folder, write_result
 
 
 @dataclasses.dataclass
@@ -53,8 +54,6 @@ class RunResult:
 
     def write(self, out_dir) -> Path:
         """Write the run folder (summary.json, rounds.csv, clients.csv, curves.png, ...)."""
-        from mcfl.apps.output import write_result
-
         return write_result(Path(out_dir), self)
 
 
@@ -94,7 +93,7 @@ def run(
     checkpoint_every: Optional[int] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
-    `mcfl.apps.output.RunFolder`). A folder already holding a run is refused (`McflError`,
+    `mcfl.run_folder.RunFolder`). A folder already holding a run is refused (`McflError`,
     before anything runs) unless `overwrite`, which deletes that run's files first.
 
     A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints`` (`mcfl.checkpoint`):
@@ -119,8 +118,6 @@ def run(
     check_every(checkpoint_every)
     mesh = client_mesh(config.devices)
     if out_dir is not None and distributed.is_leader() and resume is None:
-        from mcfl.apps.output import prepare_folder
-
         prepare_folder(Path(out_dir), overwrite)
     checkpoints = None
     if out_dir is not None and distributed.process_count() == 1:
@@ -139,8 +136,6 @@ def run(
         if progress is not None:
             observers += (_Progress(progress),)
         if out_dir is not None:
-            from mcfl.apps.output import RunFolder
-
             observers += (RunFolder(Path(out_dir)),)
         if not distributed.is_leader():  # in a multi-process run, process 0 reports
             observers = ()
@@ -224,8 +219,10 @@ def _run(
         )
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
-    plan = plan_run(config, dataset)
-    program = RoundProgram(config, plan, jit_options=distributed.replicated_outputs(mesh))
+    program = round_program(config, plan_run(config, dataset), data,
+                            jit_options=distributed.replicated_outputs(mesh))
+    plan = program.plan
+    compiled_before = program.compile_seconds  # (a kept program has compiled already)
     program.compile_init({}, init_key, data)
     init_start = time.perf_counter()
     state = program.init({}, init_key, data)
@@ -249,7 +246,8 @@ def _run(
 
     def summary_with(status: str) -> dict[str, Any]:
         out = records.summary(config, dataset, record, started, plan, status)
-        return {**out, "init_seconds": init_seconds, "compile_seconds": program.compile_seconds,
+        return {**out, "init_seconds": init_seconds,
+                "compile_seconds": program.compile_seconds - compiled_before,
                 "low_rank": plan.low_rank, "devices": engine.client_shards()}
 
     def save(last_round: int, state) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from mcfl.errors import ConfigError
 from mcfl.permutation import first_of_permutation
 
 
@@ -13,8 +14,6 @@ def resolve_clients_per_round(value: int | float | None, num_clients: int) -> in
 
     None means the FlexCFL default of 20 clients per round, or all clients if there are fewer.
     """
-    from mcfl.errors import ConfigError
-
     if value is None:
         return min(20, num_clients)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -31,8 +30,9 @@ def resolve_clients_per_round(value: int | float | None, num_clients: int) -> in
 
 
 def round_clients(data, key: jax.Array, num_sampled: int) -> jax.Array:
-    """The clients that train this round ([S] int32): those a schedule chose (`mcfl.schedule`,
-    handed over in ``data.round_clients``), else `num_sampled` distinct clients at random."""
+    """The clients that train this round ([S] int32): those a schedule chose
+    (`mcfl.algorithms.schedule`, handed over in ``data.round_clients``), else `num_sampled`
+    distinct clients at random."""
     if data.round_clients.shape[0] == num_sampled:
         return data.round_clients
     return sample_clients(key, data.num_clients, num_sampled)

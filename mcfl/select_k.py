@@ -21,6 +21,7 @@ from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
 from mcfl.data.federated import subset_clients
 from mcfl.errors import ConfigError
+from mcfl.runner import run
 
 
 def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, rounds: int = 3,
@@ -42,8 +43,6 @@ def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, ro
     rng = np.random.default_rng(config.seed)
     chosen = np.sort(rng.choice(dataset.num_clients, size, replace=False))
     subset = subset_clients(dataset, chosen)
-    from mcfl.runner import run
-
     rows = []
     for k in candidates:
         trial = config.replace(clusters=k, clients=size, rounds=rounds, eval_every=rounds,

@@ -165,6 +165,56 @@ def _check_range(key: str, value, meta, kind: str) -> None:
         raise ConfigError(f"{key} must be {kind} {' and '.join(parts)}, got {value!r}")
 
 
+class TextParser:
+    """The one reading of a setting's value from text (a command-line flag, a ``--grid``
+    value, a list in a config file written as text): typed as the setting is; range and
+    choices are `check`'s job. `__name__` names the type, as argparse reports it ("invalid int
+    value: 'ten'"); a bad text is a `ConfigError` ("'ten' is not an integer")."""
+
+    def __init__(self, hint):
+        self.hint = hint
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        self.optional = type(None) in typing.get_args(hint)
+        self.kinds = set(args) if args and typing.get_origin(hint) is not tuple else {hint}
+        self.__name__ = ("list of integers" if typing.get_origin(hint) is tuple
+                         else "count or fraction" if self.kinds == {int, float}
+                         else " or ".join(k.__name__ for k in self.kinds))
+
+    def __call__(self, text: str):
+        if self.optional and text.strip().lower() == "none":
+            return None
+        if typing.get_origin(self.hint) is tuple:
+            return parse_int_list(text)
+        try:
+            if self.kinds == {int, float}:
+                return float(text) if any(c in text for c in ".eE") else int(text)
+            if float in self.kinds:
+                return float(text)
+            if int in self.kinds:
+                return int(text)
+        except ValueError:
+            what = ("an integer" if self.kinds == {int} else "a count or a fraction"
+                    if self.kinds == {int, float} else "a number")
+            raise ConfigError(f"{text!r} is not {what}") from None
+        if bool in self.kinds:
+            if text.strip().lower() not in ("true", "false"):
+                raise ConfigError(f"{text!r} is not true or false")
+            return text.strip().lower() == "true"
+        return text
+
+
+def parse_int_list(value) -> tuple[int, ...]:
+    """'200,200' or [200, 200] -> (200, 200) (the MLP's hidden widths)."""
+    try:
+        if isinstance(value, str):
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"hidden must be comma-separated integers like 200,200, got {value!r}"
+        ) from None
+
+
 def build(cls, values: dict[str, Any], what: str):
     """An instance of the settings dataclass `cls` from flat keys (the rest default); an
     unknown key is a `ConfigError` naming the allowed ones."""

@@ -3,7 +3,9 @@
 The suite runs with XLA's optimisation passes off (JAX_DISABLE_MOST_OPTIMIZATIONS=1, set here
 before JAX starts and inherited by the tests' subprocesses): the tests check what programs
 compute, on tiny inputs, and most of their time was compiling (20% less with the passes off);
-the benchmarks and the demo run fully optimised programs.
+the benchmarks and the demo run fully optimised programs. For the same reason the session
+keeps JAX's persistent compilation cache (in a temporary folder): tests that build the same
+small programs compile them once.
 """
 
 from __future__ import annotations
@@ -16,55 +18,75 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mcfl import compile_cache
 from mcfl.data.federated import from_splits
 
 # The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
 os.environ["MCFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="mcfl-test-cache-")
+# The in-process commands would turn the same cache on at their first run (mcfl.compile_cache);
+# on from the start, every test shares it. Subprocesses choose for themselves.
+compile_cache.enable(Path(os.environ["MCFL_CACHE_DIR"]) / compile_cache.SUBDIRECTORY)
 
 HERE = Path(__file__).parent
 # Checks that need a process of their own (several devices) and take minutes of compiling run
-# in the background from the start of the session, while the other tests run; their tests are
-# moved to the end of the session to collect the results.
-BACKGROUND_TESTS = ("test_conformance.py::test_one_and_four_devices_agree",
-                    "test_conformance.py::test_runs_under_every_distribution_shift",
-                    "test_sweeps.py::test_members_dealt_over_four_devices_equal_one_device")
+# in the background from the start of the session, while the other tests run; their file runs
+# last, to collect the results.
+BACKGROUND_FILE = "test_devices.py"
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: any(name in item.nodeid for name in BACKGROUND_TESTS))
-    config.background_needed = any(name in item.nodeid for item in items
-                                   for name in BACKGROUND_TESTS)
+    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(BACKGROUND_FILE))
+    config.background_needed = any(BACKGROUND_FILE in item.nodeid for item in items)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def conformance_background(request):
-    """The results of tests/conformance_background.py (a dict), started with the session when
-    the session has tests that need it."""
+def conformance_background(request, tmp_path_factory):
+    """The results of tests/conformance_background.py (a function giving a dict), started
+    with the session when the session has tests that need it: once per test run, also when
+    the tests run in several pytest-xdist workers (the first worker to claim it starts it;
+    every worker reads its results file)."""
     if not getattr(request.config, "background_needed", False):
         yield None
         return
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    proc = subprocess.Popen([sys.executable, str(HERE / "conformance_background.py")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "background"
+    shared.mkdir(exist_ok=True)
+    results_file, error_file = shared / "results.json", shared / "error.txt"
+    proc = None
+    try:
+        os.close(os.open(shared / "claimed", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        pass  # another worker started it
+    else:
+        env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+               "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+        proc = subprocess.Popen([sys.executable, str(HERE / "conformance_background.py"),
+                                 str(results_file), str(error_file)], env=env)
     results: dict = {}
 
     def get_results() -> dict:
-        if not results:
-            out, err = proc.communicate(timeout=1500)
-            assert proc.returncode == 0, err[-3000:]
-            results.update(json.loads(out))
+        deadline = time.monotonic() + 1500
+        while not results:
+            if error_file.exists():
+                pytest.fail(error_file.read_text()[-3000:])
+            if results_file.exists():
+                results.update(json.loads(results_file.read_text()))
+            elif time.monotonic() > deadline:
+                pytest.fail("tests/conformance_background.py gave no results in 1500 s")
+            else:
+                time.sleep(0.5)
         return results
 
     yield get_results
-    if proc.returncode is None:
+    if proc is not None and proc.poll() is None:
         proc.kill()
-        proc.communicate()
+        proc.wait()
 
 
 @pytest.fixture(autouse=True)
@@ -139,8 +161,9 @@ class Bound:
 
 
 def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
-    """`bound` with its algorithm wrapped (`mcfl.shift.with_shift`, `mcfl.schedule.with_schedule`
-    and their `args`); `shift_prob` sets ``hp.shift_prob``."""
+    """`bound` with its algorithm wrapped (`mcfl.algorithms.shift.with_shift`,
+    `mcfl.algorithms.schedule.with_schedule` and their `args`); `shift_prob` sets
+    ``hp.shift_prob``."""
     hp = bound.hp if shift_prob is None else bound.hp.replace(shift_prob=shift_prob)
     return Bound(wrapper(bound.algorithm, *args), hp, bound.block_size)
 

@@ -8,19 +8,19 @@ import json
 import numpy as np
 import pytest
 
-from mcfl.apps import bench
+from mcfl.apps import bench, bench_point
 from mcfl.apps.cli import main
 
 TINY = {"model": "mclr", "clients": 20, "rounds": 2}
 
 
 def test_every_client_holds_exactly_rows_per_client_and_the_data_is_seeded():
-    data = bench.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
+    data = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
     assert data.num_clients == 30 and data.feature_shape == (7,) and data.num_classes == 10
     assert (data.train_counts() == 12).all() and (data.test_counts() == 3).all()
     assert np.array_equal(data.true_cluster, np.arange(30) % 4)
-    again = bench.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
-    other = bench.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=5)
+    again = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
+    other = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=5)
     for name in ("x_train", "y_train", "x_test", "y_test"):
         assert np.array_equal(getattr(data.arrays, name), getattr(again.arrays, name))
     assert not np.array_equal(data.arrays.x_train, other.arrays.x_train)
@@ -30,7 +30,8 @@ def test_fill_mixture_draws_rows_around_their_centers():
     rng = np.random.default_rng(0)
     centers = np.array([[0.0, 0.0], [100.0, -100.0]], np.float32)
     component = np.arange(5000) % 2
-    out = bench.fill_mixture(rng, np.empty((5000, 2), np.float32), centers, component, scale=2.0)
+    out = bench_point.fill_mixture(rng, np.empty((5000, 2), np.float32), centers, component,
+                                   scale=2.0)
     for k in (0, 1):
         rows = out[component == k]
         assert np.allclose(rows.mean(0), centers[k], atol=0.5)
@@ -38,7 +39,7 @@ def test_fill_mixture_draws_rows_around_their_centers():
 
 
 def test_a_training_point_reports_times_throughput_and_memory():
-    record = bench.measure_point(bench.Point("fedavg", **TINY))
+    record = bench_point.measure_point(bench.Point("fedavg", **TINY))
     assert record["status"] == "ok" and record["kind"] == "train"
     assert len(record["round_seconds"]) == 2
     assert record["first_round_seconds"] > 0 and record["seconds_per_round"] > 0
@@ -52,7 +53,7 @@ def test_a_training_point_reports_times_throughput_and_memory():
 
 
 def test_the_clustering_point_times_kmeans_on_one_vector_per_client():
-    record = bench.measure_point(bench.Point(bench.CLUSTERING, **TINY))
+    record = bench_point.measure_point(bench.Point(bench.CLUSTERING, **TINY))
     assert record["kind"] == "clustering" and record["num_params"] == 610
     assert record["restarts"] == 20 and record["lloyd_iterations"] >= 1
     assert record["seconds_per_round"] > 0 and record["peak_rss_mb"] > 0
@@ -76,8 +77,8 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
 def test_a_point_over_its_timeout_or_killed_is_a_failure():
     record = bench.run_point(bench.Point("fedavg", **TINY), timeout=0.2)
     assert record["status"] == "failed" and record["error"] == "timed out after 0.2 s"
-    assert bench._failure_message(-9, "") == "killed by SIGKILL (out of memory?)"
-    assert bench._failure_message(1, "Traceback\n  ...\nValueError: bad\n") == "ValueError: bad"
+    assert bench.failure_message(-9, "") == "killed by SIGKILL (out of memory?)"
+    assert bench.failure_message(1, "Traceback\n  ...\nValueError: bad\n") == "ValueError: bad"
 
 
 def test_the_default_sweep_runs_the_mlp_up_to_10000_clients():

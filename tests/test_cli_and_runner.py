@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import mcfl
+import mcfl.data
 import mcfl.program
 import mcfl.records
 from mcfl.algorithms.base import FederatedAlgorithm
@@ -101,7 +102,7 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
     cfg.write_text(json.dumps({"learning_rate": 0.1}))
     assert main(["run", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert "unknown config key(s) 'learning_rate'; allowed: algorithm, dataset" in err
+    assert "unknown config key(s) 'learning_rate'; allowed: algorithm, rounds" in err
 
 
 def test_console_entry_point_has_no_traceback():
@@ -205,6 +206,36 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
     assert traces == {"round": 1, "evaluate": 1}  # 4 rounds, 4 evaluations, one trace each
+
+
+def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch):
+    """The seed reaches the program as keys: a second run of a config with another seed on the
+    same data traces nothing and gives what a fresh program gives; another lr compiles anew."""
+    build = mcfl.program.build_algorithm
+    traces = []
+
+    def counted_build(*args, **kwargs):
+        algorithm = build(*args, **kwargs)
+
+        def round_(*a):
+            traces.append(1)  # runs only when jax traces the round
+            return algorithm.round(*a)
+
+        return algorithm._replace(round=round_)
+
+    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
+    config = mcfl.RunConfig(clients=8, rounds=2, clients_per_round=3, embed_clients=0)
+    data = mcfl.data.load_dataset(config)
+    mcfl.run(config, dataset=data)
+    again = mcfl.run(config.replace(seed=1), dataset=data)
+    assert len(traces) == 1
+    mcfl.program.forget_programs()
+    fresh = mcfl.run(config.replace(seed=1), dataset=data)
+    assert len(traces) == 2
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(again.rounds) == strip(fresh.rounds)
+    mcfl.run(config.replace(lr=0.02), dataset=data)
+    assert len(traces) == 3
 
 
 def test_communication_hand_count_and_compare(tmp_path, capsys):

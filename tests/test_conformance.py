@@ -1,8 +1,8 @@
 """Checks every registered algorithm passes, looped over the registry, so that a new algorithm
 is checked without new test code: its round compiles once, `scan_rounds` equals round by round,
-its metrics and models are well formed, 1 and 4 devices agree, it runs under every
-distribution shift, and bad hyperparameters are config errors. The device and shift runs take
-a process of their own (tests/conformance_background.py), started with the session."""
+its metrics and models are well formed, and bad hyperparameters are config errors. The
+checks of 1 against 4 devices and of every distribution shift are in tests/test_devices.py
+(a process of their own)."""
 
 from __future__ import annotations
 
@@ -102,23 +102,3 @@ def test_bad_hyperparameters_are_config_errors(name):
         for value in _bad_values(cls, field):
             with pytest.raises(ConfigError, match=key):
                 mcfl.RunConfig(algorithm=name, clients=200, **{key: value})
-
-
-@pytest.mark.parametrize("name", names())
-def test_runs_under_every_distribution_shift(name, conformance_background):
-    """2 rounds of swap_all, swap_part and incremental shifts (tests/conformance_background.py,
-    run in the background): finite losses, and the data really moved."""
-    results = conformance_background()
-    for kind in ("swap_all", "swap_part", "incremental"):
-        run = results[f"{name}/shift/{kind}"]
-        assert np.all(np.isfinite(run["losses"])), kind
-        assert np.sum(run["shifted_rows"]) > 0, kind
-
-
-@pytest.mark.parametrize("name", names())
-def test_one_and_four_devices_agree(name, conformance_background):
-    results = conformance_background()
-    one, four = results[f"{name}/devices/1"], results[f"{name}/devices/4"]
-    np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4, atol=1e-6)
-    for a, b in zip(four["leaves"], one["leaves"]):
-        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)

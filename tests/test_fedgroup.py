@@ -133,7 +133,7 @@ def _current_truth(planted, algorithm, state):
 
 
 def test_flexcfl_migrates_swapped_clients_and_fedgroup_does_not(planted):
-    from mcfl.shift import with_shift
+    from mcfl.algorithms.shift import with_shift
 
     model, training = _setup()
     data = planted.arrays

@@ -11,8 +11,9 @@ import random
 
 import pytest
 
-import mcfl.runner
-from mcfl.apps.cli import _flag_settings, main
+import mcfl.apps.commands
+from mcfl.apps.cli import main
+from mcfl.apps.flags import flag_settings
 from mcfl.config import all_keys
 
 FLAG_VALUES = ("nan", "inf", "-inf", "-1", "0", "1", "0.5", "1e400", "99999999999999999999",
@@ -32,7 +33,7 @@ def stub_training(monkeypatch, tmp_path):
     def reached(*args, **kwargs):
         raise ReachedTraining
 
-    monkeypatch.setattr(mcfl.runner, "run", reached)
+    monkeypatch.setattr(mcfl.apps.commands, "run", reached)
     monkeypatch.chdir(tmp_path)
 
 
@@ -57,7 +58,7 @@ def _outcome(argv, capsys) -> str:
 
 def test_random_flags_never_raise(stub_training, capsys):
     rng = random.Random(2024)
-    flags = [("--" + key.replace("_", "-"), hint) for key, hint, _ in _flag_settings()]
+    flags = [("--" + key.replace("_", "-"), hint) for key, hint, _ in flag_settings()]
     outcomes = []
     for _ in range(150):
         argv = ["run", "--rounds", "1"]

@@ -24,6 +24,16 @@ def test_the_readme_table_is_the_registry():
     assert table == registry.markdown_table()
 
 
+def test_the_readme_settings_table_is_the_config():
+    from mcfl.config import markdown_table
+
+    text = README.read_text()
+    table = text.split("<!-- settings:start -->\n")[1].split("\n<!-- settings:end -->")[0]
+    assert table == markdown_table()
+    for key in mcfl.config.SHARED_FIELDS:  # every setting has its row
+        assert f"| `--{key.replace('_', '-')}` |" in table
+
+
 def test_help_lists_every_hyperparameter_with_its_default():
     parser = build_parser()
     run = parser._subparsers._group_actions[0].choices["run"]

@@ -8,7 +8,7 @@ import pytest
 
 from mcfl import reproduce
 from mcfl.apps.cli import main
-from mcfl.config import load_file
+from mcfl.config import from_dict, load_file
 from mcfl.errors import ConfigError
 from mcfl.records import cluster_metrics, paper_score
 
@@ -40,9 +40,11 @@ def test_every_table_and_cell_is_a_valid_config():
                        for v in c.paper_values(len(table.metrics))) or form.orderings
             labels = {c.label for c in table.cells_of(quick)}
             assert all(set(chain) <= labels for chain in form.orderings)
-        # the experiments/ files a user reads hold the table's settings
-        for path, settings in table.config_files:
-            assert load_file(root / path) == settings, path
+        # the table's settings are the experiments/ files a user reads (and runs)
+        for name_ in table.files():
+            settings = load_file(root / "experiments" / f"{name_}.toml")
+            assert reproduce.tables.experiment(name_) == settings
+            from_dict(settings)
     table3 = reproduce.get("flexcfl-table3-synthetic")
     base = reproduce.base_config(table3, quick=False)
     assert (base.clients, base.rounds, base.local_epochs, base.clusters, base.lr) == (
@@ -142,7 +144,9 @@ def test_fesem_table1_reads_both_leaf_parts_and_reports_four_metrics(tmp_path, c
         people[f"c{u}"] = (names, [int(v) for v in rng.integers(0, 2, 5)])
     _write_leaf_part(leaf / "celeba" / "data", people)
 
-    small = {"rounds": 2, "clients_per_round": 2, "eval_every": 1, "batch_size": 4}
+    # (MCLR instead of the parts' CNNs: what is checked is the reading and the scoring)
+    small = {"rounds": 2, "clients_per_round": 2, "eval_every": 1, "batch_size": 4,
+             "model": "mclr"}
     with pytest.raises(ConfigError, match="fesem-table1 reads LEAF's data folder.*--data-dir"):
         reproduce.run_table("fesem-table1", tmp_path / "x", overrides=small)
     with pytest.raises(ConfigError, match="unknown cell 'MNIST \\*'; allowed: FEMNIST NonFed"):

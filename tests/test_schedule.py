@@ -1,6 +1,6 @@
-"""Client schedules (mcfl.schedule): the first pass of round_robin_first trains every client
-once, in a keyed order, then rounds sample at random; algorithms train exactly the scheduled
-clients."""
+"""Client schedules (mcfl.algorithms.schedule): the first pass of round_robin_first trains
+every client once, in a keyed order, then rounds sample at random; algorithms train exactly
+the scheduled clients."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from conftest import ragged_dataset, wrapped
 from reference import reference_local_train
 
 import mcfl
+from mcfl.algorithms.schedule import ScheduleState, scheduled_clients, with_schedule
 from mcfl.engine import LocalTraining
 from mcfl.models import make_model
 from mcfl.sampling import sample_clients
-from mcfl.schedule import ScheduleState, scheduled_clients, with_schedule
 
 
 def _schedule(round_index: int, seed: int = 0) -> ScheduleState:

@@ -8,17 +8,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conformance_setup import build_small, planted_data, scan
 from conftest import algorithm as build
 from conftest import ragged_dataset, wrapped
 from reference import reference_fedavg_round
 
 import mcfl
+from mcfl.algorithms import names
+from mcfl.algorithms.shift import view_with_owners, with_shift
 from mcfl.data.federated import from_splits
 from mcfl.engine import LocalTraining, evaluate_counts
 from mcfl.engine.batch_rule import step_rows
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.shift import view_with_owners, with_shift
 
 
 def _rows_of(data, client, split="train"):
@@ -133,3 +135,17 @@ def test_run_with_shift_and_bad_settings(capsys):
     ]:
         with pytest.raises(ConfigError, match=message):
             mcfl.RunConfig(**changes)
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_algorithm_runs_under_every_shift(name):
+    """The conformance problem (tests/conformance_setup.py), 2 rounds of swap_all, swap_part
+    and incremental (every round an event): finite losses, and the data really moved."""
+    data = planted_data().arrays
+    small = build_small(name)
+    for kind in ("swap_all", "swap_part", "incremental"):
+        shifted = wrapped(small, with_shift, kind, 1, shift_prob=1.0)
+        state = jax.jit(shifted.init)(data, jax.random.key(1))
+        _, stacked = scan(shifted, state, data, jax.random.key(2), 1, 2)
+        assert np.all(np.isfinite(stacked["train_loss"])), kind
+        assert np.sum(stacked["shifted_rows"]) > 0, kind

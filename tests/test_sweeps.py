@@ -210,13 +210,3 @@ def test_cli_bad_grid_is_one_line_exit_2(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
-
-
-def test_members_dealt_over_four_devices_equal_one_device(conformance_background):
-    """A FeSEM sweep (lambda x 2 seeds) with its members dealt over 4 CPU devices gives the
-    rows of the same sweep on one (tests/conformance_background.py, run in the background)."""
-    results = conformance_background()
-    one, four = results["sweep/devices/1"], results["sweep/devices/4"]
-    assert len(one["train_loss"]) == 12
-    np.testing.assert_allclose(four["train_loss"], one["train_loss"], rtol=1e-5)
-    np.testing.assert_allclose(four["accuracy"], one["accuracy"], rtol=1e-6)

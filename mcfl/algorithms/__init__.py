@@ -26,6 +26,8 @@ from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl import settings
 from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.schedule import with_schedule
+from mcfl.algorithms.shift import with_shift
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
@@ -92,9 +94,6 @@ def build_algorithm(config: RunConfig, model: ModelSpec,
     """The config's algorithm, trained on data that shifts if the config asks for it, on the
     clients its schedule names. Built once; its hyperparameters come with each call
     (`hyperparams`)."""
-    from mcfl.schedule import with_schedule
-    from mcfl.shift import with_shift
-
     algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round))
     shifted = with_shift(algorithm, config.shift, config.shift_interval)
     return with_schedule(shifted, config.client_sampling, clients_per_round)

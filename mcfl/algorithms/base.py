@@ -32,8 +32,8 @@ class Hyperparams(flax.struct.PyTreeNode):
     """The numbers an algorithm runs with: the clients' local training (`lr`, `momentum`
     traced; the optimizer, batch and epochs static), the algorithm's own hyperparameters
     (`params`, its registered dataclass) and the chance of a distribution-shift event a round
-    (`shift_prob`, read by `mcfl.shift`). Leaves are arrays in a sweep, Python floats in a
-    single run (baked into the program)."""
+    (`shift_prob`, read by `mcfl.algorithms.shift`). Leaves are arrays in a sweep, Python
+    floats in a single run (baked into the program)."""
 
     training: LocalTraining
     params: Any
@@ -46,7 +46,8 @@ class FederatedAlgorithm(NamedTuple):
     round: Callable[..., tuple[State, dict]]
     client_models: Callable[[State], tuple[Any, jax.Array]]
     assignments: Optional[Callable[[State], jax.Array]] = None
-    # The data as the clients hold it now, when a distribution shift changes it (mcfl.shift).
+    # The data as the clients hold it now, when a distribution shift changes it
+    # (mcfl.algorithms.shift).
     view: Optional[Callable[[State, Any], Any]] = None
 
 

@@ -111,7 +111,8 @@ def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> 
 
 
 def inter_group_aggregation(models, eta_g: float):
-    """FlexCFL Alg. 2 line 13 on flattened parameters, as normalised in ../shared/ALGORITHMS.md."""
+    """FlexCFL Alg. 2 line 13 on flattened parameters, in the normalised form of the module
+    docstring (S_g and T_g over the other groups' unit-norm models)."""
     flat = flat_models(models)  # [K, d]
     norms = jnp.maximum(jnp.linalg.norm(flat, axis=1, keepdims=True), 1e-12)  # [K, 1]
     others = jnp.sum(flat / norms, axis=0, keepdims=True) - flat / norms  # sum over l != g

@@ -1,10 +1,8 @@
 """`mcfl bench`: round time, samples/s and peak memory against the number of clients.
 
 Every point of the sweep (an algorithm, a model and a number of clients; or the clustering step
-alone) runs in its own Python process, ``python -m mcfl.apps.bench --point JSON``, so its peak
-resident memory is its own and a point that runs out of memory or hangs costs only that point.
-The data is a generated Gaussian mixture in which every client holds exactly the same number of
-rows, so the work per client is constant and round time should grow linearly with the clients.
+alone) runs in its own Python process (`mcfl.apps.bench_point`), so its peak resident memory is
+its own and a point that runs out of memory or hangs costs only that point.
 
 The parent never initialises a JAX backend (on a GPU it would take the device's memory from the
 children): it plans the points, starts the children, and writes ``bench.json`` after every
@@ -19,350 +17,28 @@ import json
 import math
 import os
 import platform
-import resource
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import numpy as np
+import jax
 
-from mcfl.config import RunConfig
+from mcfl.apps.bench_point import CLUSTERING, Point, point_settings, training_config
 from mcfl.errors import ConfigError, choice_error
+from mcfl.figures import save_figure
+from mcfl.run_folder import json_safe
 
-CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone
-# Synthetic's 60 features for MCLR; MNIST-sized inputs (28 x 28) for the MLP and the CNN
-FEATURES = {"mclr": 60, "mlp": 784, "cnn-fmnist": 784}
-HIDDEN = (200, 200)
-NUM_CLASSES = 10
 DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
 DEFAULT_MODELS = ("mclr", "mlp")
 DEFAULT_CLIENTS = (100, 1_000, 10_000, 100_000)
 MLP_DEFAULT_MAX_CLIENTS = 10_000  # the issue's 100,000-client points are for MCLR only
-CHUNK_ELEMENTS = 1 << 22  # rows are generated in blocks of about this many floats
-NOISE_BANK = 4096  # distinct noise vectors of the generated rows ...
-NOISE_BANK_ELEMENTS = 1 << 24  # ... and at most this many floats of them (64 MB)
 
 
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """One measurement: `rounds` rounds of `algorithm`, or `rounds` calls of the clustering step
-    (`algorithm` = ``"kmeans"``), on `clients` clients and `model`'s parameter count."""
-
-    algorithm: str
-    model: str
-    clients: int
-    rounds: int = 3
-    clusters: int = 4
-    rows_per_client: int = 50
-    batch_size: int = 10
-    seed: int = 0
-    # clients training each round: a count (capped at `clients`) or a fraction; 1.0 = all
-    clients_per_round: float | int = 1.0
-    conv: str = "auto"  # how the CNN computes its convolutions (RunConfig.conv)
-
-    @property
-    def kind(self) -> str:
-        return "clustering" if self.algorithm == CLUSTERING else "train"
-
-    @property
-    def local_steps(self) -> int:
-        """One epoch: the steps that visit each of a client's rows once."""
-        return -(-self.rows_per_client // self.batch_size)
-
-
-# ----------------------------------------------------------------------------------------------
-# Data
-
-
-def mixture_blocks(rng: np.random.Generator, n: int, centers: np.ndarray,
-                   component: np.ndarray, scale: float = 1.0):
-    """Rows ``centers[component[j]] + scale * noise_j`` of an [n, d] float32 array, generated
-    in blocks: yields (first row, block) with one block buffer reused (copy it to keep it).
-
-    The noise of a row is one of a bank of (at most NOISE_BANK) Gaussian N(0, I) vectors, picked
-    at random: drawing n x d fresh normals would take most of the time at 100,000 clients, and
-    the work a round does does not depend on the values.
-    """
-    d = centers.shape[1]
-    rows = max(1, min(n, NOISE_BANK, NOISE_BANK_ELEMENTS // max(1, d)))
-    bank = rng.standard_normal((rows, d), dtype=np.float32)
-    bank *= np.float32(scale)
-    step = max(1, CHUNK_ELEMENTS // max(1, d))
-    block = np.empty((min(n, step), d), np.float32)
-    noise = np.empty_like(block)
-    for start in range(0, n, step):
-        size = min(step, n - start)
-        np.take(centers, component[start:start + size], axis=0, out=block[:size], mode="clip")
-        np.take(bank, rng.integers(0, len(bank), size), axis=0, out=noise[:size], mode="clip")
-        block[:size] += noise[:size]
-        yield start, block[:size]
-
-
-def fill_mixture(rng: np.random.Generator, out, centers: np.ndarray, component: np.ndarray,
-                 scale: float = 1.0):
-    """Fill `out` [n, d] (a float32 NumPy array, or a `DeviceRows` buffer) block by block with
-    `mixture_blocks`, so no second n x d array is made."""
-    n = out.shape[0] if isinstance(out, np.ndarray) else out.array.shape[0]
-    for start, block in mixture_blocks(rng, n, centers, component, scale):
-        if isinstance(out, np.ndarray):
-            out[start:start + len(block)] = block
-        else:
-            out.write(start, block)
-    return out
-
-
-def _mixture_rows(rng: np.random.Generator, means: np.ndarray, group: np.ndarray, rows: int):
-    """`rows` labelled rows per client: client i's rows come from the class means of its
-    group ``group[i]``, written straight to the device. Returns (x, y, owner), sorted by
-    client."""
-    from mcfl.data.federated import DeviceRows
-
-    num_groups, num_classes, num_features = means.shape
-    owner = np.repeat(np.arange(group.size), rows)
-    y = rng.integers(0, num_classes, owner.size)
-    x = DeviceRows((owner.size, num_features))
-    fill_mixture(rng, x, means.reshape(-1, num_features), group[owner] * num_classes + y)
-    return x.array, y, owner
-
-
-def benchmark_dataset(
-    num_clients: int,
-    num_features: int,
-    rows_per_client: int = 50,
-    test_rows_per_client: int = 10,
-    num_classes: int = NUM_CLASSES,
-    num_groups: int = 4,
-    seed: int = 0,
-):
-    """A federated dataset in which every client holds exactly `rows_per_client` training rows
-    and `test_rows_per_client` test rows, for constant work per client at any scale.
-
-    Client i belongs to planted group ``i % num_groups`` (its `true_cluster`); each group has its
-    own 10 class means drawn from N(0, I), and a row is its class mean plus N(0, I) noise. Built
-    vectorised (100,000 clients x 50 rows x 60 features in seconds) and deterministic per seed.
-    """
-    from mcfl.data.federated import from_splits
-
-    means_rng, train_rng, test_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
-    )
-    means = means_rng.standard_normal((num_groups, num_classes, num_features), dtype=np.float32)
-    group = np.arange(num_clients) % num_groups
-    train = _mixture_rows(train_rng, means, group, rows_per_client)
-    test = _mixture_rows(test_rng, means, group, test_rows_per_client)
-    return from_splits("bench", train, test, num_clients, num_classes, true_cluster=group)
-
-
-# ----------------------------------------------------------------------------------------------
-# One point, measured in the child process
-
-
-def training_config(point: Point) -> RunConfig:
-    """The run of a training point: `clients_per_round` clients a round (a count is capped at
-    the point's clients), one epoch of local steps, evaluation after the last round only."""
-    per_round = point.clients_per_round
-    if not isinstance(per_round, float):
-        per_round = min(int(per_round), point.clients)
-    from mcfl import settings
-    from mcfl.algorithms import registry
-
-    extra = {}
-    takes = settings.fields_of(registry.get(point.algorithm).params)
-    if "pretrain_scale" in takes:
-        # FlexCFL's cold start needs pretrain_scale * K clients: scale it down for few clients.
-        default = takes["pretrain_scale"].default
-        extra["pretrain_scale"] = max(1, min(default, point.clients // point.clusters))
-    return RunConfig(
-        algorithm=point.algorithm,
-        clients=point.clients,
-        rounds=point.rounds,
-        seed=point.seed,
-        model=point.model,
-        hidden=HIDDEN,
-        batch_size=point.batch_size,
-        local_steps=point.local_steps,
-        clients_per_round=per_round,
-        conv=point.conv,
-        eval_every=point.rounds,
-        clusters=point.clusters,
-        **extra,
-    )
-
-
-def _maxrss_mb() -> float:
-    """Peak resident memory of this process in MB (ru_maxrss is KB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-
-
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak resident memory (Linux >= 4.0); False where that fails."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _device_peak_mb() -> Optional[float]:
-    """Peak memory the accelerator allocator reports (GPU / TPU), None on CPU."""
-    import jax
-
-    stats = jax.devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    return None if peak is None else peak / 2**20
-
-
-def _timed_phases(build: Callable[[], Any], work: Callable[[Any], dict]) -> dict:
-    """Run `build` (the inputs) then `work(inputs)`, with the peak resident memory of each:
-    ``data_peak_rss_mb`` up to the inputs being built, ``run_peak_rss_mb`` from then on (None
-    where the peak cannot be reset) and ``peak_rss_mb`` for the whole process."""
-    start = time.perf_counter()
-    inputs = build()
-    data_seconds = time.perf_counter() - start
-    data_peak = _maxrss_mb()
-    reset = _reset_peak_rss()
-    record = work(inputs)
-    run_peak = _maxrss_mb()
-    record.update(
-        data_seconds=data_seconds,
-        data_peak_rss_mb=data_peak,
-        run_peak_rss_mb=run_peak if reset else None,
-        peak_rss_mb=max(data_peak, run_peak),
-        device_peak_mb=_device_peak_mb(),
-    )
-    return record
-
-
-def _steady(seconds: Sequence[float]) -> float:
-    """Steady-state seconds: the median of all but the first (compiling) call."""
-    return statistics.median(seconds[1:] or seconds)
-
-
-def _measure_training(point: Point) -> dict:
-    from mcfl.runner import run
-
-    config = training_config(point)
-
-    def build():
-        return benchmark_dataset(point.clients, FEATURES[point.model], point.rows_per_client,
-                                 seed=point.seed)
-
-    def work(dataset) -> dict:
-        result = run(config, dataset=dataset)
-        seconds = [row["seconds"] for row in result.rounds]
-        summary = result.summary
-        samples = summary["clients_per_round"] * point.local_steps * point.batch_size
-        steady = _steady(seconds)
-        return {
-            "first_round_seconds": seconds[0],
-            "seconds_per_round": steady,
-            "round_seconds": seconds,
-            "samples_per_round": samples,
-            "samples_per_second": samples / steady,
-            # initialisation (FeSEM's local models and k-means, IFCA's identities, FlexCFL's
-            # cold start), with its compilation
-            "init_seconds": summary["init_seconds"],
-            "compile_seconds": summary["compile_seconds"],
-            # the rest: the final evaluation, bookkeeping
-            "other_seconds": (summary["wall_seconds"] - sum(seconds) - summary["init_seconds"]
-                              - summary["compile_seconds"]),
-            "num_params": summary["num_params"],
-            "block_size": summary["block_size"],
-            "clients_per_round": summary["clients_per_round"],
-            "local_steps": point.local_steps,
-            "data_mb": _dataset_mb(dataset),
-            "final_accuracy_micro": summary["final_accuracy_micro"],
-            "cluster_ari": summary.get("cluster_ari"),
-            "backend": summary["backend"],
-            "device": summary["device"],
-            "config": summary["config"],  # the full run config, to reproduce the point
-        }
-
-    return _timed_phases(build, work)
-
-
-def _dataset_mb(dataset) -> float:
-    import jax
-
-    return sum(leaf.nbytes for leaf in jax.tree.leaves(dataset.arrays)) / 2**20
-
-
-def model_num_params(model: str) -> int:
-    """Parameters of the benchmark's `model` (MCLR 60 -> 10, or MLP 784-200-200-10)."""
-    import jax
-
-    from mcfl.models import count_params, make_model
-
-    spec = make_model(model, (FEATURES[model],), NUM_CLASSES, HIDDEN)
-    return count_params(jax.eval_shape(spec.init, jax.random.key(0)))
-
-
-def _measure_clustering(point: Point) -> dict:
-    """Time FeSEM's clustering step alone: k-means (K = `clusters`, FeSEM's default restarts)
-    on one vector of the model's parameter count per client, in K planted groups."""
-    import jax
-
-    from mcfl.algorithms.fesem import FeSEMParams
-    from mcfl.clustering import kmeans
-    from mcfl.data.federated import DeviceRows
-
-    restarts = FeSEMParams().restarts
-    num_params = model_num_params(point.model)
-
-    def build():
-        rng = np.random.default_rng(point.seed)
-        centers = rng.standard_normal((point.clusters, num_params), dtype=np.float32)
-        group = np.arange(point.clients) % point.clusters
-        vectors = DeviceRows((point.clients, num_params))  # built on the device, no host copy
-        fill_mixture(rng, vectors, centers, group, scale=0.5)
-        return jax.block_until_ready(vectors.array)
-
-    def work(vectors) -> dict:
-        step = jax.jit(kmeans, static_argnames=("k", "restarts"))
-        seconds = []
-        for r in range(point.rounds):
-            start = time.perf_counter()
-            result = jax.block_until_ready(
-                step(jax.random.key(r), vectors, k=point.clusters, restarts=restarts)
-            )
-            seconds.append(time.perf_counter() - start)
-        return {
-            "first_round_seconds": seconds[0],
-            "seconds_per_round": _steady(seconds),
-            "round_seconds": seconds,
-            "num_params": num_params,
-            "restarts": restarts,
-            "lloyd_iterations": int(result.n_iter),
-            "data_mb": vectors.nbytes / 2**20,
-            "backend": jax.default_backend(),
-            "device": str(jax.devices()[0].device_kind),
-        }
-
-    return _timed_phases(build, work)
-
-
-def measure_point(point: Point) -> dict:
-    """Measure `point` in this process; returns its record (settings plus measurements)."""
-    measure = _measure_clustering if point.kind == "clustering" else _measure_training
-    return {**_settings(point), "status": "ok", **measure(point)}
-
-
-def _settings(point: Point) -> dict:
-    return {"kind": point.kind, **dataclasses.asdict(point)}
-
-
-# ----------------------------------------------------------------------------------------------
-# The sweep, in the parent process
-
-
-def _failure_message(returncode: int, stderr: str) -> str:
+def failure_message(returncode: int, stderr: str) -> str:
     """One line saying why a child failed: the signal that killed it, or its last error line."""
     if returncode < 0:
         try:
@@ -386,7 +62,7 @@ def _child_env() -> dict[str, str]:
 def run_point(point: Point, timeout: Optional[float] = None) -> dict:
     """Measure `point` in a fresh Python process; a failure (error, out of memory, killed,
     over `timeout` seconds) comes back as a record with status "failed" and the error."""
-    command = [sys.executable, "-m", "mcfl.apps.bench", "--point",
+    command = [sys.executable, "-m", "mcfl.apps.bench_point", "--point",
                json.dumps(dataclasses.asdict(point))]
     start = time.perf_counter()
     try:
@@ -395,10 +71,10 @@ def run_point(point: Point, timeout: Optional[float] = None) -> dict:
     except subprocess.TimeoutExpired:
         error = f"timed out after {timeout:g} s"
     else:
-        error = None if proc.returncode == 0 else _failure_message(proc.returncode, proc.stderr)
+        error = None if proc.returncode == 0 else failure_message(proc.returncode, proc.stderr)
     wall = time.perf_counter() - start
     if error is not None:
-        return {**_settings(point), "status": "failed", "error": error, "wall_seconds": wall}
+        return {**point_settings(point), "status": "failed", "error": error, "wall_seconds": wall}
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     record["wall_seconds"] = wall
     return record
@@ -440,8 +116,6 @@ def _check_point(point: Point) -> None:
 
 def machine_info() -> dict:
     """Versions and hardware of this machine (the backend and device come from the points)."""
-    import jax
-
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
@@ -455,11 +129,9 @@ def machine_info() -> dict:
 
 def write_json(path: Path, document: dict) -> None:
     """Write `document` to `path` through a temporary file, so a reader never sees half."""
-    from mcfl.apps.output import _json_safe
-
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(_json_safe(document), indent=2) + "\n")
+    partial.write_text(json.dumps(json_safe(document), indent=2) + "\n")
     partial.replace(path)
 
 
@@ -501,8 +173,6 @@ def plot_bench(path: Path, points: Sequence[dict]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
     for (algorithm, model), line in _lines(points).items():
@@ -580,26 +250,3 @@ def parse_counts(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-# ----------------------------------------------------------------------------------------------
-# Child entry point
-
-
-def _child_main(argv: Optional[list[str]] = None) -> int:
-    """``python -m mcfl.apps.bench --point JSON``: measure one point, print its record as JSON."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m mcfl.apps.bench")
-    parser.add_argument("--point", required=True, help="a Point as JSON")
-    args = parser.parse_args(argv)
-    from mcfl import compile_cache
-
-    compile_cache.enable()  # unless MCFL_NO_COMPILE_CACHE says not to (--no-compile-cache)
-    record = measure_point(Point(**json.loads(args.point)))
-    from mcfl.apps.output import _json_safe
-
-    print(json.dumps(_json_safe(record)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main())

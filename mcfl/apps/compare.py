@@ -10,24 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mcfl.errors import DataError
-
-
-def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
-    """A run folder's summary and its rounds (numbers parsed; empty cells dropped)."""
-    summary_path, rounds_path = folder / "summary.json", folder / "rounds.csv"
-    for path in (summary_path, rounds_path):
-        if not path.is_file():
-            raise DataError(f"{folder} is not an mcfl run folder: {path.name} is missing")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{summary_path} is not valid JSON: {e}") from None
-    with open(rounds_path) as f:
-        rounds = [
-            {k: float(v) for k, v in row.items() if v not in ("", None) and k != "cluster_sizes"}
-            for row in csv.DictReader(f)
-        ]
-    return summary, rounds
+from mcfl.figures import save_figure
+from mcfl.run_folder import load_run
 
 
 def _numbers(row: dict[str, str]) -> dict[str, Any]:
@@ -125,8 +109,6 @@ def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, (_, rounds) in runs.items():

@@ -17,9 +17,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from mcfl.apps.output import plot_runs
+from tqdm import tqdm
+
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
+from mcfl.figures import plot_runs
 from mcfl.runner import run
 
 
@@ -52,8 +54,6 @@ EXPERIMENTS = (
 
 def run_demo(out: Path, rounds: Optional[int] = None, clients: Optional[int] = None) -> dict:
     """Run both experiments, print their tables, save their plots; returns the summaries."""
-    from tqdm import tqdm
-
     overrides = {k: v for k, v in (("rounds", rounds), ("clients", clients)) if v is not None}
     results = {}
     for exp in EXPERIMENTS:

@@ -10,6 +10,7 @@ import numpy as np
 
 from mcfl.data.describe import label_counts
 from mcfl.data.federated import FederatedDataset
+from mcfl.figures import save_figure
 
 
 def format_description(d: dict[str, Any]) -> str:
@@ -36,8 +37,6 @@ def plot_label_distribution(ds: FederatedDataset, path: Path, max_clients: int =
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     counts = label_counts(ds)[:max_clients].astype(np.float64)
     props = counts / np.maximum(counts.sum(1, keepdims=True), 1)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mcfl.errors import DataError
+from mcfl.figures import save_figure
 
 MARKERS = "o^sDvP*Xh<>p"
 
@@ -27,8 +28,6 @@ def plot_clusters(run_dir: Path, out: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     coords, cluster = found["coords"], found["cluster"]
     true = found.get("true_cluster")

@@ -7,6 +7,9 @@ import csv
 import json
 from pathlib import Path
 
+from mcfl.figures import save_figure
+from mcfl.run_folder import json_safe
+
 
 def write_select_k(out: Path, found: dict, config) -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -14,16 +17,12 @@ def write_select_k(out: Path, found: dict, config) -> None:
         writer = csv.DictWriter(f, fieldnames=list(found["rows"][0]))
         writer.writeheader()
         writer.writerows(found["rows"])
-    from mcfl.apps.output import _json_safe
-
     document = {**found, "config": config.to_dict()}
-    (out / "select_k.json").write_text(json.dumps(_json_safe(document), indent=2) + "\n")
+    (out / "select_k.json").write_text(json.dumps(json_safe(document), indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     ks = [r["k"] for r in found["rows"]]
     fig, (ax_acc, ax_dist) = plt.subplots(1, 2, figsize=(10, 3.8))

@@ -3,20 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from mcfl.config import RunConfig
 from mcfl.data import cache, partition
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.federated import FederatedData, FederatedDataset, from_owner, from_splits
+from mcfl.data.leaf import load_leaf
 from mcfl.data.loaders import load_arrays, normalize
 from mcfl.data.partition import dirichlet, iid
+from mcfl.data.settings import DATA_FIELDS, DataSettings
 from mcfl.data.spec import Partition, parse_partition
 from mcfl.data.synthetic import generate_synthetic
+from mcfl.errors import DataError
+
+if TYPE_CHECKING:
+    from mcfl.config import RunConfig
 
 __all__ = [
+    "DATA_FIELDS",
+    "DataSettings",
     "FederatedData",
     "FederatedDataset",
     "LabelledArrays",
@@ -31,7 +38,7 @@ __all__ = [
     "parse_partition",
 ]
 
-# Recipe defaults (../shared/ALGORITHMS.md): the FedProx generators split 90/10, Ditto's test
+# Recipe defaults (the authors' generators): the FedProx generators split 90/10, Ditto's test
 # rows are 1/6 of its train rows (1/7 of all), everything else 80/20.
 _TEST_FRACTION = {"fedprox-mnist": 0.1, "ditto-fmnist": 1 / 7}
 _STANDARDIZED = ("fedprox-mnist", "ditto-fmnist")
@@ -119,9 +126,6 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
             test_fraction=test_fraction_of(config, part),
         )
     if config.dataset == "leaf":
-        from mcfl.data.leaf import load_leaf
-        from mcfl.errors import DataError
-
         if config.data_dir is None:
             raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "
                             "folders of LEAF JSON files")
@@ -132,10 +136,6 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
         arrays, part, config.clients, test_fraction_of(config, part),
         normalization_of(config, part), seed, config.samples_per_client,
     )
-
-
-DATA_FIELDS = ("dataset", "data_dir", "partition", "clients", "samples_per_client",
-               "test_fraction", "normalize", "synthetic_alpha", "synthetic_beta")
 
 
 def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None

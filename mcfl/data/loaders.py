@@ -22,6 +22,7 @@ import numpy as np
 
 from mcfl.data.arrays import LabelledArrays, pooled
 from mcfl.data.idx import load_idx_dataset
+from mcfl.data.tfds_source import load_tfds
 from mcfl.errors import DataError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -113,8 +114,6 @@ def load_arrays(dataset: str, data_dir: Optional[str] = None, download: bool = F
     if dataset == "digits":
         return load_digits()
     if dataset.startswith("tfds:"):
-        from mcfl.data.tfds_source import load_tfds
-
         return load_tfds(dataset[len("tfds:") :], data_dir, download)
     raise DataError(f"{dataset!r} is not an array dataset; allowed: {', '.join(ARRAY_DATASETS)}")
 

@@ -27,8 +27,9 @@ from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_user
 from mcfl.errors import ConfigError
 from mcfl.loop import LoopHooks, run_rounds
 from mcfl.plan import client_mesh, plan_run
-from mcfl.program import RoundProgram, member_mesh
+from mcfl.program import RoundProgram, member_mesh, round_program
 from mcfl.records import MemberRecord
+from mcfl.run_folder import prepare_folder
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
@@ -126,8 +127,6 @@ def sweep(
     group_info: list[dict[str, Any]] = []
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
-        from mcfl.apps.output import prepare_folder
-
         prepare_folder(out, overwrite, SWEEP_FILES)
     result = SweepResult(spec, [], [], [], group_info)
     datasets: dict[tuple, FederatedDataset] = {}
@@ -145,13 +144,14 @@ def sweep(
     try:
         for g, grp in enumerate(groups):
             data = _dataset_for(grp, datasets, dataset, cache_dir)
-            program = RoundProgram(grp.base, plan_run(grp.base, data), grp.traced,
-                                   members=True, mesh=mesh, width=member_width)
+            program = round_program(grp.base, plan_run(grp.base, data), data.arrays,
+                                    grp.traced, members=True, mesh=mesh, width=member_width)
+            compiled_before = program.compile_seconds  # (a kept program has compiled already)
             size = fit(program, grp.members, data.arrays, memory_budget(), devices,
                        members_per_chunk)
             info = {"group": g, "members": len(grp.members), "traced": list(grp.traced),
                     "members_per_chunk": size, "member_width": member_width,
-                    "compile_seconds": program.compile_seconds,
+                    "compile_seconds": program.compile_seconds - compiled_before,
                     "settings": _group_settings(grp)}
             group_info.append(info)
             tick(0)

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from mcfl import settings
-from mcfl.config import SHARED_FIELDS, RunConfig, all_keys
+from mcfl.config import OWNER, SHARED_FIELDS, RunConfig, all_keys, hint_of
+from mcfl.data.settings import DATA_FIELDS
 from mcfl.errors import ConfigError
 
 # Varied by `seeds=` / `data_seeds=`, not by the grid.
@@ -51,15 +52,9 @@ class Group:
         return self.members[0].config
 
 
-def data_fields() -> tuple[str, ...]:
-    from mcfl.data import DATA_FIELDS
-
-    return DATA_FIELDS
-
-
 def _setting_fields(config: RunConfig) -> dict[str, tuple[type, dataclasses.Field]]:
     """Every setting of `config` by flat key, with the dataclass it belongs to."""
-    out = {name: (RunConfig, f) for name, f in SHARED_FIELDS.items()}
+    out = {name: (OWNER[name], f) for name, f in SHARED_FIELDS.items()}
     out.update({key: (type(config.params), f)
                 for key, f in settings.fields_of(type(config.params)).items()})
     return out
@@ -69,8 +64,7 @@ def traceable_keys(config: RunConfig) -> tuple[str, ...]:
     """The settings of `config` a sweep may vary inside one program: floats not marked
     ``static`` and not shaping the data."""
     return tuple(key for key, (cls, f) in _setting_fields(config).items()
-                 if settings.is_traced(cls, f)
-                 and key not in data_fields())
+                 if settings.is_traced(cls, f) and key not in DATA_FIELDS)
 
 
 def parse_seeds(seeds: int | Iterable[int] | str) -> tuple[int, ...]:
@@ -165,24 +159,10 @@ def group(members: Sequence[Member]) -> list[Group]:
     return groups
 
 
-def _hint_of(key: str):
-    """The type hint of flat key `key` (a shared setting or some algorithm's)."""
-    from mcfl.algorithms import registry
-
-    if key in SHARED_FIELDS:
-        return settings.type_of(RunConfig, SHARED_FIELDS[key])
-    for owner in registry.owners_of_keys().get(key, []):
-        cls = registry.get(owner).params
-        return settings.type_of(cls, settings.fields_of(cls)[key])
-    raise ConfigError(f"unknown sweep parameter {key!r}; allowed: "
-                      f"{', '.join(k for k in all_keys() if k not in SEED_KEYS)}")
-
-
 def parse_grid(text: str) -> tuple[str, tuple[Any, ...]]:
-    """``"lr=0.01,0.05"`` -> ("lr", (0.01, 0.05)): values typed as the setting is (a list
-    of MLP widths separates values with ';': ``hidden=200,200;100``)."""
-    import typing
-
+    """``"lr=0.01,0.05"`` -> ("lr", (0.01, 0.05)): values read by the setting's own text
+    parser (`settings.TextParser`; a list of MLP widths separates values with ';':
+    ``hidden=200,200;100``)."""
     name, sep, rest = text.partition("=")
     name = name.strip().replace("-", "_")
     if not sep or not name:
@@ -191,38 +171,16 @@ def parse_grid(text: str) -> tuple[str, tuple[Any, ...]]:
         name = "algorithm"
     if name in SEED_KEYS:
         raise ConfigError(f"{name} is varied by --{name.replace('_', '-')}s, not by --grid")
-    hint = _hint_of(name)
-    parts = rest.split(";") if ";" in rest or typing.get_origin(hint) is tuple else \
+    if name not in all_keys():
+        raise ConfigError(f"unknown sweep parameter {name!r}; allowed: "
+                          f"{', '.join(k for k in all_keys() if k not in SEED_KEYS)}")
+    parse = settings.TextParser(hint_of(name))
+    parts = rest.split(";") if ";" in rest or parse.__name__ == "list of integers" else \
         rest.split(",")
     parts = [p.strip() for p in parts if p.strip()]
     if not parts:
         raise ConfigError(f"grid {name} has no values; give at least one, e.g. {name}=V1,V2")
-    return name, tuple(_typed(name, hint, p) for p in parts)
-
-
-def _typed(name: str, hint, text: str):
-    import typing
-
-    from mcfl.config import parse_hidden
-
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if args and text.lower() == "none" and type(None) in typing.get_args(hint):
-        return None
-    if typing.get_origin(hint) is tuple:
-        return parse_hidden(text)
-    kinds = set(args) if args else {hint}
     try:
-        if kinds == {int, float}:
-            return float(text) if any(c in text for c in ".eE") else int(text)
-        if float in kinds:
-            return float(text)
-        if int in kinds:
-            return int(text)
-    except ValueError:
-        what = "an integer" if kinds == {int} else "a number"
-        raise ConfigError(f"grid {name}: {text!r} is not {what}") from None
-    if bool in kinds:
-        if text.lower() not in ("true", "false"):
-            raise ConfigError(f"grid {name}: {text!r} is not true or false")
-        return text.lower() == "true"
-    return text
+        return name, tuple(parse(p) for p in parts)
+    except ConfigError as e:
+        raise ConfigError(f"grid {name}: {e}") from None

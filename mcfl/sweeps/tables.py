@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mcfl.figures import save_figure
 from mcfl.records import EVAL_KEYS, PAPER_SCORE, outcome
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
@@ -105,8 +106,6 @@ def plot_bands(rounds: Sequence[dict[str, Any]], point_names: Sequence[str], pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from mcfl.apps.output import save_figure
 
     curves: dict[tuple, dict[int, list[float]]] = {}
     for row in rounds:

@@ -10,8 +10,8 @@ at random, a client is still never sampled after R rounds with probability (1 - 
 (every client in a group) cannot score a short run; after the first pass every client has
 been seen.
 
-`with_schedule` wraps an algorithm as `mcfl.shift.with_shift` does: its state adds a round
-counter and the order's key, and each round hands the inner algorithm its clients in
+`with_schedule` wraps an algorithm as `mcfl.algorithms.shift.with_shift` does: its state adds a
+round counter and the order's key, and each round hands the inner algorithm its clients in
 ``data.round_clients``, where `mcfl.sampling.round_clients` finds them.
 """
 

@@ -1,4 +1,12 @@
-"""Writing a run's results: summary.json, rounds.csv, clients.csv and a PNG of the curves."""
+"""The run folder: the files of a run, written as it goes and read back.
+
+A run folder holds summary.json (the config, the final and best scores, timings, status),
+rounds.csv (one row per round, flushed as the run goes, so a stopped run keeps its rounds),
+clients.csv (one row per client), curves.png, and for clustered runs assignments.npz and
+clients_pca.npz; checkpoints/ holds the run's checkpoint (`mcfl.checkpoint`). `RunFolder` is
+the observer `mcfl.run(config, out_dir=...)` writes through; `load_run` reads a folder back
+(`mcfl compare`). A folder holding a run is never mixed with another (`prepare_folder`).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +17,19 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 
-def _json_safe(value):
+from mcfl.errors import DataError, McflError
+from mcfl.figures import plot_curves, title_of
+
+
+def json_safe(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -30,8 +43,6 @@ def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_
     """Make `out_dir` ready for a new run before anything runs: a folder holding another
     run's files is refused unless `overwrite`, which deletes those files (and nothing else);
     a path that is a file, or a folder that cannot be written, is an error naming it."""
-    from mcfl.errors import McflError
-
     if out_dir.exists() and not out_dir.is_dir():
         raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
     held = [name for name in files if (out_dir / name).exists()]
@@ -54,7 +65,7 @@ def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
 
 
 ROUND_COLUMNS = (
@@ -117,101 +128,9 @@ def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-def check_figure_path(path: Path, flag: str = "--out") -> Path:
-    """A path a figure can be written to: its suffix one of `FIGURE_SUFFIXES`, not a folder
-    (checked before the work that makes the figure)."""
-    from mcfl.errors import McflError
-
-    path = Path(path)
-    if path.suffix.lower() not in FIGURE_SUFFIXES:
-        raise McflError(f"{flag} {str(path)!r} must end in one of "
-                        f"{', '.join(FIGURE_SUFFIXES)} (the figure's format)")
-    if path.is_dir():
-        raise McflError(f"{flag} {str(path)!r} is a folder; name the figure file")
-    return path
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Lay out `fig`, write it to `path` (a PNG unless its suffix says otherwise; its folder
-    made if needed) and free it."""
-    import matplotlib.pyplot as plt
-
-    check_figure_path(path, "the figure")
-    fig.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        from mcfl.errors import McflError
-
-        raise McflError(f"cannot write the figure {str(path)!r}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
-    return path
-
-
-def plot_curves(path: Path, rows: list[dict[str, Any]], title: str = "") -> None:
-    """Accuracy (micro and macro) and losses per round, one PNG."""
-    plot_runs(path, {"": rows}, title)
-
-
-def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = "") -> None:
-    """Several runs' accuracy and training loss per round, side by side in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, rows in runs.items():
-        prefix = f"{label} " if label else ""
-        evaluated = [r for r in rows if r.get("accuracy_micro") is not None]
-        x_eval = [r["round"] for r in evaluated]
-        line = ax_acc.plot(
-            x_eval, [r["accuracy_micro"] for r in evaluated], label=f"{prefix}micro"
-        )[0]
-        ax_acc.plot(
-            x_eval,
-            [r["accuracy_macro"] for r in evaluated],
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{prefix}macro",
-        )
-        ax_loss.plot(
-            [r["round"] for r in rows],
-            [r["train_loss"] for r in rows],
-            color=line.get_color(),
-            label=f"{prefix}train",
-        )
-        ax_loss.plot(
-            x_eval,
-            [r["test_loss"] for r in evaluated],
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{prefix}test",
-        )
-    ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
-    ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss", yscale="log")
-    for ax in (ax_acc, ax_loss):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    save_figure(fig, path)
-
-
-def title_of(config) -> str:
-    return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"
-
-
 def write_final(out_dir: Path, result) -> None:
     """The files of a completed run besides rounds.csv: summary.json, clients.csv,
     assignments.npz (clustered runs) and curves.png."""
-    import numpy as np
-
     write_summary(out_dir, result.summary)
     write_clients(out_dir, result.clients)
     if result.assignments is not None:
@@ -256,3 +175,21 @@ class RunFolder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """A run folder's summary and its rounds (numbers parsed; empty cells dropped)."""
+    summary_path, rounds_path = folder / "summary.json", folder / "rounds.csv"
+    for path in (summary_path, rounds_path):
+        if not path.is_file():
+            raise DataError(f"{folder} is not an mcfl run folder: {path.name} is missing")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{summary_path} is not valid JSON: {e}") from None
+    with open(rounds_path) as f:
+        rounds = [
+            {k: float(v) for k, v in row.items() if v not in ("", None) and k != "cluster_sizes"}
+            for row in csv.DictReader(f)
+        ]
+    return summary, rounds

@@ -1,0 +1,303 @@
+"""What each `mcfl` subcommand does once its flags are parsed: call the library and print.
+Bad input raises `McflError` / `ConfigError`, which `mcfl.apps.cli.main` prints in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from mcfl import checkpoint, distributed, reproduce
+from mcfl.apps import bench
+from mcfl.apps.bench_point import FEATURES
+from mcfl.apps.compare import compare
+from mcfl.apps.demo import run_demo
+from mcfl.apps.describe import format_description, plot_label_distribution
+from mcfl.apps.flags import cache_dir_from_args, config_from_args
+from mcfl.apps.plots import plot_clusters
+from mcfl.apps.select_k import write_select_k
+from mcfl.config import RunConfig, algorithm_names, all_keys, from_dict
+from mcfl.data import load_dataset
+from mcfl.data.describe import describe
+from mcfl.errors import ConfigError
+from mcfl.figures import check_figure_path
+from mcfl.run_folder import prepare_folder
+from mcfl.runner import run
+from mcfl.select_k import select_k
+from mcfl.sweeps import sweep
+from mcfl.sweeps.spec import parse_grid
+
+
+def _default_out(config: RunConfig) -> Path:
+    return Path("runs") / (f"{config.algorithm}-{config.dataset}-c{config.clients or 'all'}"
+                           f"-s{config.seed}")
+
+
+def _progress_bar(total: int, desc: str):
+    bar = tqdm(total=total, desc=desc, unit="round", dynamic_ncols=True)
+
+    def update(r, row):
+        shown = {"loss": f"{row['train_loss']:.3f}"}
+        if "accuracy_micro" in row:
+            shown["acc"] = f"{row['accuracy_micro']:.3f}"
+            shown["acc_macro"] = f"{row['accuracy_macro']:.3f}"
+        bar.set_postfix(shown, refresh=False)
+        bar.update(1)
+
+    return bar, update
+
+
+def cmd_run(args) -> int:
+    multi_process = (args.coordinator is not None or args.num_processes is not None
+                     or args.process_id is not None)
+    if args.resume is not None:
+        config, out = _resumed(args, multi_process)
+    else:
+        config = config_from_args(args)
+        out = Path(args.out) if args.out else _default_out(config)
+    if multi_process:
+        distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    if not distributed.is_leader():  # process 0 of a multi-process run reports and writes
+        run(config, out_dir=None, cache_dir=cache_dir_from_args(args))
+        return 0
+    checkpoint.check_every(args.checkpoint_every)
+    if args.resume is None:
+        prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
+    bar, update = _progress_bar(config.rounds, config.algorithm)
+    announce = (_AllUsers(bar),) if config.clients is None else ()
+    try:
+        result = run(None if args.resume else config, out_dir=out, progress=update,
+                     cache_dir=cache_dir_from_args(args), profile_dir=args.profile,
+                     overwrite=args.overwrite, resume=args.resume,
+                     checkpoint_every=args.checkpoint_every, observers=announce)
+    except KeyboardInterrupt:
+        bar.close()
+        again = (f"; continue it with: mcfl run --resume {out}" if checkpoint.exists(out)
+                 else "")
+        print(f"mcfl: interrupted; the rounds finished so far are in {out}/{again}",
+              file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    s = result.summary
+    paper = s["paper_best_accuracy_micro"]
+    best = (f"best {s['best_accuracy_micro']:.4f}" if config.score == "mcfl" else
+            "paper score " + ("- (some client never joined a group)" if paper is None
+                              else f"{paper:.4f}"))
+    print(
+        f"{config.algorithm}: accuracy micro {s['final_accuracy_micro']:.4f} "
+        f"({best}), macro {s['final_accuracy_macro']:.4f}, "
+        f"f1 micro {s['final_f1_micro']:.4f}; {s['seconds_per_round']:.3f} s/round; "
+        f"results in {out}/"
+    )
+    return 0
+
+
+class _AllUsers:
+    """Says how many clients a natural dataset given no --clients brought (all its users)."""
+
+    def __init__(self, bar):
+        self._bar = bar
+
+    def started(self, config, later_columns) -> None:
+        self._bar.write(f"{config.dataset}: all {config.clients} users are clients "
+                        "(--clients N keeps the first N)")
+
+    def round(self, row) -> None: ...
+
+    def stopped(self, summary) -> None: ...
+
+    def finished(self, result) -> None: ...
+
+
+def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
+    """The config and folder of `mcfl run --resume DIR`: the run's own, from its checkpoint."""
+    given = sorted(k for k in vars(args) if k in all_keys()) + (
+        ["config"] if args.config else [])
+    if given:
+        raise ConfigError("--resume continues a run with the config saved in its checkpoint; "
+                          "drop " + ", ".join("--" + k.replace("_", "-") for k in given))
+    if args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    if multi_process:
+        raise ConfigError("--resume is for single-process runs (multi-process runs keep no "
+                          "checkpoints)")
+    out = Path(args.resume)
+    if args.out is not None and Path(args.out).resolve() != out.resolve():
+        raise ConfigError(f"a resumed run writes to its own folder {str(out)!r}; drop --out")
+    return from_dict(checkpoint.latest(out).config), out
+
+
+def cmd_sweep(args) -> int:
+    config = config_from_args(args)
+    grid: dict[str, tuple] = {}
+    if args.algorithms is not None:
+        grid["algorithm"] = parse_grid(f"algorithm={args.algorithms}")[1]
+    for text in args.grid or ():
+        name, values = parse_grid(text)
+        if name in grid:
+            raise ConfigError(f"--grid {name} is given twice; list all its values in one flag")
+        grid[name] = values
+    out = Path(args.out)
+    bars = []  # made at the first progress report, after every input was checked
+
+    def update(done, total):
+        if not bars:
+            bars.append(tqdm(total=total, desc="sweep", unit="member-round",
+                             dynamic_ncols=True))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        result = sweep(config, seeds=args.seeds, grid=grid,
+                       data_seeds=args.data_seeds, out_dir=out,
+                       cache_dir=cache_dir_from_args(args),
+                       members_per_chunk=args.members_per_chunk, progress=update,
+                       overwrite=args.overwrite)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(format_sweep_summary(result))
+    groups = result.groups
+    print(f"{len(result.members)} members in {len(groups)} group(s) "
+          f"({', '.join(str(g['members_per_chunk']) for g in groups)} members per program); "
+          f"{result.spec['wall_seconds']:.1f} s; results in {out}/")
+    diverged = [m for m in result.members if m["status"] != "completed"]
+    for m in diverged:
+        print(f"mcfl: error: member {m['member']} (seed {m['seed']}"
+              + "".join(f", {k}={m[k]}" for k in result.point_names)
+              + f") diverged after round {m['rounds_completed']}; its rows so far are kept",
+              file=sys.stderr)
+    return 2 if diverged else 0
+
+
+def format_sweep_summary(result) -> str:
+    """Final micro accuracy (mean +/- std over seeds) of every grid point."""
+    names = result.point_names
+    lines = []
+    for row in result.summary:
+        label = ", ".join(f"{n}={row[n]}" for n in names) or "all members"
+        mean = row.get("final_accuracy_micro_mean")
+        std = row.get("final_accuracy_micro_std")
+        shown = "-" if mean is None else f"{mean:.4f}" + (
+            "" if std is None or std != std else f" +/- {std:.4f}")
+        lines.append(f"{label:<40} accuracy micro {shown}  (n={row['completed']})")
+    return "\n".join(lines)
+
+
+def cmd_reproduce(args) -> int:
+    if args.list:
+        for table in reproduce.TABLES.values():
+            quick = table.quick
+            needs = f"; --data-dir: {table.data_layout}" if table.data_layout else ""
+            print(f"{table.name}\n    {table.title}\n    full ({table.full.seeds} seeds"
+                  f"{needs}): {table.full.cost}\n    --quick ({quick.note}; {quick.seeds} "
+                  f"seed{'s' if quick.seeds > 1 else ''}): {quick.cost}")
+        return 0
+    if args.name is None:
+        raise ConfigError("name a table to reproduce; allowed: "
+                          + ", ".join(reproduce.names()) + " (mcfl reproduce --list)")
+    reproduce.get(args.name)
+    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (
+        args.name + ("-quick" if args.quick else ""))
+
+    def show(label, i, count):
+        print(f"[{i + 1}/{count}] {label}", flush=True)
+
+    cells = None if args.cells is None else [c.strip() for c in args.cells.split(",")]
+    reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
+                        cache_dir=cache_dir_from_args(args), progress=show,
+                        overwrite=args.overwrite, cells=cells, data_dir=args.data_dir)
+    print((out / "table.md").read_text())
+    print(f"table.md, table.csv, table.png and each cell's sweep folder: {out}/")
+    return 0
+
+
+def cmd_data_describe(args) -> int:
+    dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
+    summary = describe(dataset)
+    print(json.dumps(summary, indent=2) if args.json else format_description(summary))
+    return 0
+
+
+def cmd_data_plot(args) -> int:
+    out = check_figure_path(Path(args.out))
+    dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
+    print(f"label distribution: {plot_label_distribution(dataset, out)}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    print(compare([Path(r) for r in args.runs], check_figure_path(Path(args.out))))
+    print(f"accuracy against communication: {args.out}")
+    return 0
+
+
+def cmd_plot_clusters(args) -> int:
+    out = Path(args.out) if args.out else Path(args.run_dir) / "clusters.png"
+    print(f"clients' local models in 2-D: {plot_clusters(Path(args.run_dir), out)}")
+    return 0
+
+
+def cmd_select_k(args) -> int:
+    config = config_from_args(args)
+    candidates = _int_list(args.k, "--k")
+    print(f"{'K':>3} {'acc micro':>10} {'acc macro':>10} {'intra dist':>11} {'seconds':>8}")
+
+    def show(row):
+        intra = row["intra_cluster_distance"]
+        print(f"{row['k']:>3} {row['accuracy_micro']:>10.4f} {row['accuracy_macro']:>10.4f} "
+              f"{'-' if intra is None else format(intra, '.4f'):>11} {row['seconds']:>8.1f}",
+              flush=True)
+
+    found = select_k(config, candidates, args.sample, args.candidate_rounds, args.tolerance,
+                     progress=show)
+    write_select_k(Path(args.out), found, config)
+    print(f"recommended K = {found['recommended']} by accuracy (the smallest within "
+          f"{args.tolerance} of the best), {found['elbow']} by the elbow of the intra-cluster "
+          f"distance; {args.out}/select_k.csv, select_k.json, select_k.png")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} must be comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def cmd_demo(args) -> int:
+    run_demo(Path(args.out), rounds=args.rounds, clients=args.clients)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    algorithms = bench.parse_names(args.algorithms, algorithm_names(), "algorithm")
+    models = bench.parse_names(args.models, tuple(FEATURES), "model")
+    clients = bench.parse_counts(args.clients) if args.clients else bench.DEFAULT_CLIENTS
+    for name in ("rounds", "clusters", "rows_per_client", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    points, skipped = bench.plan_points(
+        algorithms, models, clients, clustering=args.clustering,
+        max_mlp_clients=None if args.clients else bench.MLP_DEFAULT_MAX_CLIENTS,
+        rounds=args.rounds, clusters=args.clusters, rows_per_client=args.rows_per_client,
+        batch_size=args.batch_size, seed=args.seed, clients_per_round=args.clients_per_round,
+        conv=args.conv,
+    )
+    out = Path(args.out)
+    for line in skipped:
+        print(f"skipped: {line}")
+    print(f"{len(points)} points, each in its own process; results in {out}/bench.json")
+    print(bench.TABLE_HEADER, flush=True)
+    bench.run_sweep(points, out, args.timeout, skipped,
+                    report=lambda record: print(bench.format_row(record), flush=True))
+    print(f"plot: {out}/bench.png")
+    return 0

@@ -1,0 +1,82 @@
+"""The data settings of a run (`mcfl.config.RunConfig.data`): which dataset, over how many
+clients, split how, and the checks across them. The data package owns them: they are what
+builds a dataset and keys its cache (`DATA_FIELDS`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from mcfl.data.spec import parse_partition
+from mcfl.errors import ConfigError, choice_error
+from mcfl.settings import INT64_MAX, setting
+
+DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
+TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
+NORMALIZATIONS = ("scale", "standardize", "none")
+NATURAL = ("synthetic", "leaf")  # datasets split by their own users
+DEFAULT_CLIENTS = 100  # clients of a dataset that is not split by its users
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """The clients' data: which dataset, over how many clients, split how."""
+
+    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | leaf | "
+                           "tfds:NAME")
+    clients: Optional[int] = setting(None, "number of clients (default: all the users of a "
+                                     "natural dataset (leaf), else 100)", minimum=1)
+    data_seed: Optional[int] = setting(None, "seed of the dataset (default: --seed)", minimum=0,
+                                       maximum=INT64_MAX)
+    data_dir: Optional[str] = setting(None, "folder holding the dataset's files")
+    download: bool = setting(False, "let tensorflow-datasets download the data (never by "
+                             "default)")
+    partition: Optional[str] = setting(
+        None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
+        "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5); default: natural for "
+        "synthetic and leaf, else iid")
+    samples_per_client: Optional[int] = setting(
+        None, "split datasets: keep at most this many rows (train + test) of each client, "
+        "drawn at random (IFCA's n); default all", minimum=1)
+    test_fraction: Optional[float] = setting(
+        None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2; "
+        "leaf: its own test files, unless given: then each user's rows are split again)",
+        above=0, below=1)
+    normalize: Optional[str] = setting(None, "scale | standardize | none (default: the "
+                                       "partition recipe's)", choices=NORMALIZATIONS)
+    synthetic_alpha: float = setting(1.0, "Synthetic(alpha, beta): how much local models "
+                                     "differ", minimum=0)
+    synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta): how much local inputs differ",
+                                    minimum=0)
+
+
+# The settings that shape a dataset, besides its seed (`download` only says where it may come
+# from): a prepared dataset is cached under them.
+DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)
+                    if f.name not in ("data_seed", "download"))
+
+
+def check_data(data: DataSettings) -> None:
+    """The checks across the data settings: a known dataset, a partition it can take."""
+    if data.dataset.startswith("tfds:"):
+        base = data.dataset[len("tfds:"):].split("/")[0]
+        if base not in TFDS_NAMES:
+            raise choice_error("tfds dataset", base, TFDS_NAMES)
+    elif data.dataset not in DATASETS:
+        raise choice_error("dataset", data.dataset, DATASETS)
+    if data.partition is not None:
+        part = parse_partition(data.partition)
+        natural_only = data.dataset in NATURAL
+        if natural_only and (part.kind != "natural" or part.planted):
+            raise ConfigError(
+                f"dataset {data.dataset!r} comes split by its own users: its partition is "
+                f"'natural', not {data.partition!r}"
+            )
+        if not natural_only and part.kind == "natural":
+            raise ConfigError(
+                f"partition 'natural' needs per-user data (dataset synthetic or leaf), "
+                f"not {data.dataset!r}"
+            )
+    if data.samples_per_client is not None and data.dataset in NATURAL:
+        raise ConfigError(f"samples_per_client applies to datasets split over clients, not "
+                          f"{data.dataset!r} (its users bring their own rows)")

