@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mcfl.atomic import replace_file
 from mcfl.errors import McflError
 
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
@@ -32,11 +33,8 @@ def save_figure(fig, path: Path) -> Path:
 
     check_figure_path(path, "the figure")
     fig.tight_layout()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise McflError(f"cannot write the figure {str(path)!r}: {e.strerror or e}") from None
+    try:  # written whole (mcfl.atomic): a stop never leaves half an image
+        replace_file(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower(), dpi=110))
     finally:
         plt.close(fig)
     return path

@@ -27,6 +27,7 @@ from typing import Optional
 
 import jax
 
+from mcfl import atomic
 from mcfl.apps.bench_point import CLUSTERING, Point, point_settings, training_config
 from mcfl.errors import ConfigError, choice_error
 from mcfl.figures import save_figure
@@ -128,11 +129,8 @@ def machine_info() -> dict:
 
 
 def write_json(path: Path, document: dict) -> None:
-    """Write `document` to `path` through a temporary file, so a reader never sees half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(json_safe(document), indent=2) + "\n")
-    partial.replace(path)
+    """Write `document` to `path` whole (`mcfl.atomic`), so a reader never sees half."""
+    atomic.write_json(path, json_safe(document))
 
 
 def run_sweep(

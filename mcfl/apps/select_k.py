@@ -3,22 +3,17 @@ the recommendation, the sampled clients and the settings) and select_k.png."""
 
 from __future__ import annotations
 
-import csv
-import json
 from pathlib import Path
 
+from mcfl.atomic import write_csv, write_json
 from mcfl.figures import save_figure
 from mcfl.run_folder import json_safe
 
 
 def write_select_k(out: Path, found: dict, config) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "select_k.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(found["rows"][0]))
-        writer.writeheader()
-        writer.writerows(found["rows"])
+    write_csv(out / "select_k.csv", found["rows"])
     document = {**found, "config": config.to_dict()}
-    (out / "select_k.json").write_text(json.dumps(json_safe(document), indent=2) + "\n")
+    write_json(out / "select_k.json", json_safe(document))
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
+from mcfl.atomic import write_csv, write_json, write_text
 from mcfl.config import RunConfig
 from mcfl.figures import save_figure
 from mcfl.reproduce.tables import PAPER_RULE, Cell, Metric, Table, experiment
-from mcfl.sweeps.tables import write_csv
 
 REPORT_FILES = ("reproduce.json", "table.md", "table.csv", "table.png")
 
@@ -136,13 +136,13 @@ def ordering_line(ordering: tuple[str, ...], rows: list[dict]) -> str:
 
 def write_report(out_dir: Path, table: Table, quick: bool, base: RunConfig, seeds: list[int],
                  rows: list[dict], wall: float, final: bool) -> dict:
-    (out_dir / "table.md").write_text(format_markdown(table, quick, base, seeds, rows, wall))
+    write_text(out_dir / "table.md", format_markdown(table, quick, base, seeds, rows, wall))
     write_csv(out_dir / "table.csv", [_csv_row(r) for r in rows])
     spec = {"table": table.name, "quick": quick, "seeds": seeds, "base": base.to_dict(),
             "wall_seconds": wall, "status": "completed" if final else "running",
             "metrics": [m.key for m in table.metrics],
             "cells": [dataclasses.asdict(c) for c in table.cells_of(quick)]}
-    (out_dir / "reproduce.json").write_text(json.dumps(spec, indent=2, default=str) + "\n")
+    write_json(out_dir / "reproduce.json", spec, default=str)
     if final:
         _plot(out_dir / "table.png", table, rows)
     return spec

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,20 +77,6 @@ def summary_rows(members: Sequence[dict[str, Any]], point_names: Sequence[str]
                         f"{metric}_ci95_low": low, f"{metric}_ci95_high": high})
         out.append(row)
     return out
-
-
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """`rows` as CSV; the columns are every key, in order of first appearance."""
-    columns: dict[str, None] = {}
-    for row in rows:
-        columns.update(dict.fromkeys(row))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
-        writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
-    tmp.replace(path)  # a reader never sees half a table
-    return path
 
 
 def point_label(point: dict[str, Any]) -> str:
