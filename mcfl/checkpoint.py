@@ -13,15 +13,27 @@ the training loop honours there (a second signal stops at once).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
+import json
+import logging
+import os
+import re
+import shutil
 import signal
+import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
 
+from mcfl import faults
+from mcfl.atomic import WriteError
 from mcfl.errors import McflError
 
 FOLDER = "checkpoints"
@@ -43,8 +55,9 @@ class Saved(NamedTuple):
 def _manager(folder: Path):
     import orbax.checkpoint as ocp
 
+    # cleanup_tmp_directories: a save a kill cut short leaves a temporary folder; drop it.
     options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False,
-                                           create=True)
+                                           create=True, cleanup_tmp_directories=True)
     handlers = {"arrays": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
     return ocp.CheckpointManager(folder.absolute(), options=options, item_handlers=handlers)
 
@@ -82,19 +95,47 @@ class Checkpoints:
 
     def save(self, round_: int, state, rounds_key: jax.Array, config: dict[str, Any],
              progress: dict[str, Any], assignments: list[np.ndarray]) -> None:
+        """Write the checkpoint of round `round_` (the previous one is deleted only once this
+        one is whole). A write that fails (a full disk, a lost permission) raises `WriteError`
+        naming the folder and the cause, and leaves the previous checkpoint as it was."""
         import orbax.checkpoint as ocp
 
-        if self._manager is None:
-            self._manager = _manager(self.folder)
         arrays = {"state": state, "rounds_key": np.asarray(jax.random.key_data(rounds_key))}
         if assignments:
             arrays["assignments"] = np.stack(assignments)
         meta = {"round": round_, "config": config, "progress": progress}
-        self._manager.save(round_, args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)), force=True)
-        self._manager.wait_until_finished()
+        faults.point("checkpoint")
+        _check_writable(self.folder)
+        _check_space(self.folder, arrays, meta)
+        try:
+            with _quiet_orbax(), _stderr_muted():
+                if self._manager is None:
+                    self._manager = _manager(self.folder)
+                self._manager.save(round_, args=ocp.args.Composite(
+                    arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
+                    force=True)
+                self._manager.wait_until_finished()
+        except Exception as e:  # orbax wraps the OSError; report its cause in one line
+            self._discard_manager()
+            _let_writes_in_flight_fail()
+            _remove_partial_saves(self.folder)
+            raise WriteError(self.folder, _os_cause(e)) from None
         self._last_round = round_
         self._last_time = time.monotonic()
+
+    def resumed_at(self, round_: int) -> None:
+        """The run resumed from its checkpoint of `round_`: the next is due a full interval on."""
+        self._last_round = round_
+
+    def move_to(self, run_dir: Path) -> None:
+        """The run's folder moved to `run_dir` (a replaced run swapped in)."""
+        self.close()
+        self.folder = Path(run_dir) / FOLDER
+
+    def _discard_manager(self) -> None:
+        with contextlib.suppress(Exception), _quiet_orbax():
+            self.close()
+        self._manager = None
 
     def close(self) -> None:
         if self._manager is not None:
@@ -104,12 +145,116 @@ class Checkpoints:
 
 def latest(run_dir: Path) -> Saved:
     """The latest checkpoint in `run_dir` without its arrays (its round, config and records);
-    an error naming the folder if there is none, or if that run had already finished."""
-    saved = _read(run_dir)
-    if saved.round >= saved.config["rounds"]:
-        raise McflError(f"the run in {str(run_dir)!r} already finished all "
-                        f"{saved.config['rounds']} rounds; there is nothing to resume")
-    return saved
+    an error naming the folder if there is none."""
+    return _read(run_dir)
+
+
+# What orbax writes besides the arrays and the metadata: about 20 small files, each taking at
+# least a block of the file system.
+_FILES_OVERHEAD = 256 * 1024
+
+
+def _check_space(folder: Path, arrays, meta) -> None:
+    """Refuse a checkpoint the disk has no room for before orbax starts writing it: a write
+    that fails inside orbax leaves its threads reporting the failure at length."""
+    try:
+        stats = os.statvfs(folder if folder.exists() else folder.parent)
+    except OSError:
+        return
+    free = stats.f_bavail * stats.f_frsize
+    need = (sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes
+                for x in jax.tree.leaves(arrays))
+            + len(json.dumps(meta, default=str)) + _FILES_OVERHEAD)
+    if free < need:
+        raise WriteError(folder, OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (a "
+                                         f"checkpoint needs about {need / 2**20:.1f} MiB, "
+                                         f"{free / 2**20:.1f} MiB are free)"))
+
+
+def _os_cause(error: BaseException) -> BaseException:
+    """The OSError behind `error`: in its chain (orbax raises its own types around it), or
+    named by tensorstore's message (``[os_error_code='28']``); else `error`."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        code = re.search(r"os_error_code='(\d+)'", str(seen))
+        if code:
+            return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+        seen = seen.__cause__ or seen.__context__
+    return error
+
+
+def _remove_partial_saves(folder: Path) -> None:
+    """Delete what a failed save left: orbax's temporary folders (a step folder is renamed
+    into place only when whole)."""
+    if folder.is_dir():
+        for partial in folder.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+_ORBAX_LOGGERS = ("absl", "orbax", "asyncio")
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """orbax logs a failed write at length (absl repeats it, asyncio again when its tasks are
+    collected) and tensorstore's callbacks print "Event loop is closed" tracebacks for writes
+    still in flight: the one-line `WriteError` says it instead. After a failure the quiet is
+    kept (those reports come later); after a success everything is as it was."""
+    loggers = [logging.getLogger(name) for name in _ORBAX_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    hook = sys.excepthook
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    sys.excepthook = _without_closed_loops(hook)
+    yield  # (an exception leaves the quiet on)
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
+    sys.excepthook = hook
+
+
+@contextlib.contextmanager
+def _stderr_muted():
+    """The process's stderr (file descriptor 2) goes to /dev/null for the block: tensorstore's
+    threads print a traceback there for each write a failure cut short (not through Python's
+    hooks, which `_quiet_orbax` covers)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _let_writes_in_flight_fail() -> None:
+    """After a failed save, the writes still in flight fail too: let them, with stderr muted,
+    rather than as the process ends."""
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited")
+    with _stderr_muted():
+        time.sleep(0.5)
+        gc.collect()
+
+
+def _without_closed_loops(hook):
+    def excepthook(kind, value, traceback):
+        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+            hook(kind, value, traceback)
+
+    return excepthook
+
+
+def _check_writable(folder: Path) -> None:
+    """Refuse a checkpoint into a folder that cannot be written (read-only file system, lost
+    permission) before orbax starts: see `_quiet_orbax`."""
+    for place in (folder, folder.parent):
+        if place.exists() and not os.access(place, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+            code = errno.EROFS if read_only else errno.EACCES
+            raise WriteError(folder, OSError(code, os.strerror(code)))
 
 
 def restore(run_dir: Path, state_template, rounds_key: jax.Array) -> Saved:
@@ -163,11 +308,27 @@ class StopRequests:
     def __init__(self):
         self.requested: Optional[int] = None
         self._previous: dict[int, Any] = {}
+        self._deferring = False
+        self._again = False  # a second signal came while deferring
 
     def _handle(self, signum, frame):
-        if self.requested is not None:
+        if self.requested is not None and not self._deferring:
             raise KeyboardInterrupt(f"signal {signum}")
+        if self.requested is not None:
+            self._again = True
         self.requested = signum
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """A block a signal must not cut (a checkpoint being written): a second signal
+        within it stops the run when the block ends, cleanly."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._again:
+            raise KeyboardInterrupt(f"signal {self.requested}")
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():

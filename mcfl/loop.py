@@ -88,6 +88,13 @@ def run_rounds(program, config: RunConfig, dataset: FederatedDataset, state, val
     return state
 
 
+def client_scores(program, values, state, dataset: FederatedDataset):
+    """Every client's scores under `state` (a one-member program's evaluation): what a run's
+    last evaluation gives, computed again for a run resumed after its last round."""
+    counts, test_counts, _ = program.evaluate(values, state, dataset.arrays)
+    return client_metrics(counts, np.asarray(test_counts))
+
+
 def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, count: int,
                 seconds: float, params_count: int) -> list[dict[str, Any]]:
     """A running member's rows of one chunk, up to a non-finite one (which stops it)."""

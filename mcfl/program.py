@@ -205,6 +205,25 @@ class RoundProgram:
         self._compiled.update({name: (sig, lo.compile()) for name, (lo, sig) in lowered.items()})
         self.compile_seconds += time.perf_counter() - start
 
+    def working_bytes(self, init: bool) -> Optional[int]:
+        """The most bytes the compiled initialisation (`init`), or else one of the compiled
+        rounds and evaluation, allocates beyond its arguments (its outputs not written over a
+        donated argument, its temporaries), by XLA's memory analysis; None where the backend
+        cannot say."""
+        sizes = []
+        for name, (_, compiled) in self._compiled.items():
+            if (name == "init") != init:
+                continue
+            try:
+                m = compiled.memory_analysis()
+            except Exception:  # some backends have none
+                m = None
+            if m is None:
+                return None
+            sizes.append(int(m.output_size_in_bytes + m.temp_size_in_bytes
+                             - m.alias_size_in_bytes))
+        return max(sizes, default=None)
+
     def init(self, values, init_keys, data):
         """The initial state, computed (waited for, so that no round counts its time)."""
         return jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))

@@ -1,24 +1,32 @@
 """The run folder: the files of a run, written as it goes and read back.
 
-A run folder holds summary.json (the config, the final and best scores, timings, status),
-rounds.csv (one row per round, flushed as the run goes, so a stopped run keeps its rounds),
-clients.csv (one row per client), curves.png, and for clustered runs assignments.npz and
-clients_pca.npz; checkpoints/ holds the run's checkpoint (`mcfl.checkpoint`). `RunFolder` is
-the observer `mcfl.run(config, out_dir=...)` writes through; `load_run` reads a folder back
-(`mcfl compare`). A folder holding a run is never mixed with another (`prepare_folder`).
+A run folder holds run.json (the settings a resumed run needs, written at its start),
+summary.json (the config, the final and best scores, timings, status), rounds.csv (one row per
+round, appended as the run goes, so a stopped run keeps its rounds), clients.csv (one row per
+client), curves.png, and for clustered runs assignments.npz and clients_pca.npz; checkpoints/
+holds the run's checkpoint (`mcfl.checkpoint`). Every file is written whole (`mcfl.atomic`).
+`RunFolder` is the observer `mcfl.run(config, out_dir=...)` writes through; `load_run` reads a
+folder back (`mcfl compare`). A folder holding a run is never mixed with another
+(`check_target`), and a run replacing another (--overwrite) takes its place only once it has
+its first checkpoint (`RunTarget`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
+from mcfl import atomic, faults
+from mcfl.atomic import WriteError
 from mcfl.errors import DataError, McflError
 from mcfl.figures import plot_curves, title_of
 
@@ -34,38 +42,179 @@ def json_safe(value):
 
 
 # The files a run folder may hold (all of them mcfl's own; checkpoints/ is a folder).
+SETTINGS_FILE = "run.json"
 RUN_FILES = ("summary.json", "rounds.csv", "clients.csv", "curves.png", "assignments.npz",
-             "clients_pca.npz", "checkpoints")
+             "clients_pca.npz", "checkpoints", SETTINGS_FILE)
+
+
+def held_files(out_dir: Path, files: tuple[str, ...] = RUN_FILES) -> list[str]:
+    return [name for name in files if (out_dir / name).exists()]
+
+
+def check_target(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
+                 flag: str = "--overwrite") -> None:
+    """Refuse `out_dir` for a new run before anything runs, creating nothing: a path that is a
+    file, a folder holding another run's files (unless `overwrite`), a place that cannot be
+    written; each an error naming it."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
+    recover_replacement(out_dir)
+    held = held_files(out_dir, files)
+    if held and not overwrite:
+        resumable = "checkpoints" in held or SETTINGS_FILE in held
+        resume = (" (or --resume it)" if resumable and run_status(out_dir) != "completed"
+                  else "")
+        raise McflError(f"{str(out_dir)!r} already holds a run ({', '.join(held)}); pass "
+                        f"{flag} to replace it{resume}, or choose another --out")
+    existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise McflError(f"cannot write the output folder {str(out_dir)!r}: "
+                        f"{str(existing)!r} is not a writable folder")
 
 
 def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
                    flag: str = "--overwrite") -> None:
-    """Make `out_dir` ready for a new run before anything runs: a folder holding another
-    run's files is refused unless `overwrite`, which deletes those files (and nothing else);
-    a path that is a file, or a folder that cannot be written, is an error naming it."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
-    held = [name for name in files if (out_dir / name).exists()]
-    if held and not overwrite:
-        resume = " (or --resume it)" if "checkpoints" in held else ""
-        raise McflError(f"{str(out_dir)!r} already holds a run ({', '.join(held)}); pass "
-                        f"{flag} to replace it{resume}, or choose another --out")
+    """Make `out_dir` ready for new results (`check_target`), then create it and, with
+    `overwrite`, delete the files of the results it held (and nothing else)."""
+    check_target(out_dir, overwrite, files, flag)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name in held:
-            path = out_dir / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        probe = out_dir / ".mcfl-write-test"
-        probe.write_text("")
-        probe.unlink()
+        for name in held_files(out_dir, files):
+            _remove(out_dir / name)
     except OSError as e:
-        raise McflError(f"cannot write the output folder {str(out_dir)!r}: "
-                        f"{e.strerror or e}") from None
+        raise WriteError(out_dir, e) from None
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+# --overwrite: the new run is written beside the old one until its first checkpoint, then
+# swapped in; the swap is journaled so that a kill halfway through is finished later.
+STAGING_SUFFIX = ".mcfl-new"
+JOURNAL = ".mcfl-replacing"
+
+
+def staging_folder(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}{STAGING_SUFFIX}"
+
+
+class RunTarget:
+    """The folder a new run writes to (`folder`): `out_dir` itself, made now (after the data
+    were checked: a run refused for its input leaves no folder), or, when `out_dir` holds a
+    run being replaced (--overwrite), a hidden sibling that `commit` swaps in once the new run
+    has its first checkpoint, so that a replacement failing before that (bad data, a model
+    that does not fit, divergence in its first round, a kill) leaves the old run intact."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self.created = not self.out_dir.exists()
+        recover_replacement(self.out_dir)
+        atomic.remove_temporaries(self.out_dir)
+        self.pending = bool(held_files(self.out_dir))
+        self.folder = staging_folder(self.out_dir) if self.pending else self.out_dir
+        try:
+            if self.pending and self.folder.exists():
+                shutil.rmtree(self.folder)
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise WriteError(self.folder, e) from None
+
+    def commit(self) -> None:
+        """Replace the old run's files by the new run's (a no-op unless pending)."""
+        if not self.pending:
+            return
+        names = [name for name in RUN_FILES if (self.folder / name).exists()]
+        atomic.write_json(self.out_dir / JOURNAL, {"move": names})
+        _finish_replacement(self.out_dir, names)
+        self.pending, self.folder = False, self.out_dir
+
+    def abandon(self) -> None:
+        """After a run failed: drop a replacement that failed before `commit` (the old run
+        stays as it was), and a new run's files if it stopped before its first row (nothing
+        to resume: the folder is left as it was found)."""
+        if self.pending:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        if (self.folder / "rounds.csv").exists() or (self.folder / "checkpoints").exists():
+            return
+        with contextlib.suppress(OSError):
+            for name in held_files(self.folder):
+                _remove(self.folder / name)
+            if self.created:
+                self.folder.rmdir()
+
+
+def _finish_replacement(out_dir: Path, names: list[str]) -> None:
+    """Move the staged files `names` over `out_dir`'s run (those it lacks are deleted); safe to
+    repeat after a kill at any point of it."""
+    staging = staging_folder(out_dir)
+    try:
+        for name in RUN_FILES:
+            if name not in names and (out_dir / name).exists():
+                _remove(out_dir / name)
+        for name in names:
+            if (staging / name).exists():
+                if (out_dir / name).exists():
+                    _remove(out_dir / name)
+                os.replace(staging / name, out_dir / name)
+                faults.point("swap")
+        atomic.sync_folder(out_dir)
+        shutil.rmtree(staging, ignore_errors=True)
+        (out_dir / JOURNAL).unlink()
+    except OSError as e:
+        raise WriteError(out_dir, e) from None
+
+
+def recover_replacement(out_dir: Path) -> None:
+    """Finish a replacement a kill interrupted in its swap (its journal is there), or drop one
+    killed before it (its staging folder is left, without a journal)."""
+    journal = out_dir / JOURNAL
+    if journal.is_file():
+        try:
+            names = json.loads(journal.read_text())["move"]
+        except (ValueError, KeyError, TypeError):
+            raise McflError(f"{str(journal)!r} is damaged; the replacement of the run in "
+                            f"{str(out_dir)!r} cannot be finished (its new files are in "
+                            f"{str(staging_folder(out_dir))!r})") from None
+        _finish_replacement(out_dir, names)
+    elif staging_folder(out_dir).is_dir():
+        shutil.rmtree(staging_folder(out_dir), ignore_errors=True)
+
+
+def write_settings(out_dir: Path, config: dict[str, Any], checkpoint_every: Optional[int]
+                   ) -> None:
+    """run.json: what a resumed run needs besides its checkpoint (the config, the checkpoint
+    interval), written when the run starts, so that every stop can be resumed."""
+    atomic.write_json(out_dir / SETTINGS_FILE,
+                      {"config": config, "checkpoint_every": checkpoint_every})
+
+
+def read_settings(run_dir: Path) -> Optional[dict[str, Any]]:
+    path = run_dir / SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        settings = json.loads(path.read_text())
+        if not isinstance(settings.get("config"), dict):
+            raise ValueError("no config")
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise McflError(f"{str(path)!r} is not a run's settings file: {e}") from None
+    return settings
+
+
+def run_status(run_dir: Path) -> Optional[str]:
+    """The status summary.json records ("completed", "interrupted", ...), None without one."""
+    path = run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text()).get("status") if path.is_file() else None
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+    atomic.write_json(out_dir / "summary.json", json_safe(summary))
 
 
 ROUND_COLUMNS = (
@@ -85,61 +234,76 @@ ROUND_COLUMNS = (
 )
 
 
-class RoundWriter:
-    """Appends one row of rounds.csv per round and flushes it, so a crash keeps the rows.
+def round_columns(first_row: dict[str, Any], later_columns=()) -> list[str]:
+    """rounds.csv's columns: `ROUND_COLUMNS`, then the first row's other keys, then
+    `later_columns` (keys only later rows have: evaluated rounds' cluster metrics)."""
+    extra = [k for k in first_row if k not in ROUND_COLUMNS]
+    extra += [k for k in later_columns if k not in extra and k not in ROUND_COLUMNS]
+    return list(ROUND_COLUMNS) + extra
 
-    The columns are `ROUND_COLUMNS`, then the first row's other keys, then `later_columns`:
-    keys only later rows have (evaluated rounds' cluster metrics)."""
+
+class RoundWriter:
+    """rounds.csv, growing one row per round as the run goes. The file appears whole with its
+    header and first row (`mcfl.atomic`); each later row is appended in one write, so a kill
+    keeps every row written; a row a full disk cut short is cut off again (the file always
+    ends at a row's end) and the failure raised as `WriteError`."""
 
     def __init__(self, out_dir: Path, later_columns: tuple[str, ...] = ()):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(out_dir / "rounds.csv", "w", newline="")
-        self._writer: Optional[csv.DictWriter] = None
+        self.path = Path(out_dir) / "rounds.csv"
         self._later = later_columns
+        self._columns: Optional[list[str]] = None
+        self._fd: Optional[int] = None
 
     def append(self, row: dict[str, Any]) -> None:
-        if self._writer is None:
-            extra = [k for k in row if k not in ROUND_COLUMNS]
-            extra += [k for k in self._later if k not in extra and k not in ROUND_COLUMNS]
-            self._writer = csv.DictWriter(self._file, fieldnames=list(ROUND_COLUMNS) + extra)
-            self._writer.writeheader()
-        self._writer.writerow(row)
-        self._file.flush()
+        if self._columns is None:
+            self._columns = round_columns(row, self._later)
+            atomic.write_text(self.path, atomic.csv_text(self._columns, [row]))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        else:
+            line = atomic.csv_text(self._columns, [row], header=False).encode()
+            end = os.lseek(self._fd, 0, os.SEEK_END)
+            try:
+                if os.write(self._fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, end)
+                raise WriteError(self.path, e) from None
+        faults.point("row")
+
+    def moved(self, out_dir: Path) -> None:
+        """The file was moved (renamed) into `out_dir`; it stays open."""
+        self.path = Path(out_dir) / "rounds.csv"
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def write_rounds(out_dir: Path, rows: list[dict[str, Any]]) -> None:
     later = tuple(dict.fromkeys(k for row in rows for k in row))
-    writer = RoundWriter(out_dir, later)
-    for row in rows:
-        writer.append(row)
-    writer.close()
+    columns = round_columns(rows[0], later) if rows else list(ROUND_COLUMNS)
+    atomic.write_text(out_dir / "rounds.csv", atomic.csv_text(columns, rows))
 
 
 def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "clients.csv", "w", newline="") as f:
-        if not rows:
-            return
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    atomic.write_csv(out_dir / "clients.csv", rows, list(rows[0]) if rows else [])
 
 
 def write_final(out_dir: Path, result) -> None:
-    """The files of a completed run besides rounds.csv: summary.json, clients.csv,
-    assignments.npz (clustered runs) and curves.png."""
-    write_summary(out_dir, result.summary)
+    """The files of a completed run besides rounds.csv: clients.csv, assignments.npz
+    (clustered runs), clients_pca.npz, curves.png, and last summary.json, so that a summary
+    saying "completed" means every other file is there."""
     write_clients(out_dir, result.clients)
     if result.assignments is not None:
-        np.savez(out_dir / "assignments.npz", rounds=result.assignment_rounds,
-                 assignments=result.assignments)
+        atomic.write_npz(out_dir / "assignments.npz", rounds=result.assignment_rounds,
+                         assignments=result.assignments)
     if result.client_embedding is not None:
-        np.savez(out_dir / "clients_pca.npz", algorithm=np.array(result.config.algorithm),
-                 **result.client_embedding)
+        atomic.write_npz(out_dir / "clients_pca.npz",
+                         algorithm=np.array(result.config.algorithm), **result.client_embedding)
     plot_curves(out_dir / "curves.png", result.rounds, title=title_of(result.config))
+    write_summary(out_dir, result.summary)
 
 
 def write_result(out_dir: Path, result) -> Path:
@@ -150,8 +314,9 @@ def write_result(out_dir: Path, result) -> Path:
 
 
 class RunFolder:
-    """The run-folder observer of `mcfl.run`: rounds.csv grows one flushed row per round, and
-    summary.json is written at the end, or when the run stops early with its status."""
+    """The run-folder observer of `mcfl.run`: rounds.csv grows one row per round, and
+    summary.json is written at the end, or when the run stops early with its status (if the
+    folder can still be written: a stop for a full disk keeps what was written before)."""
 
     def __init__(self, out_dir: Path):
         self.out_dir = Path(out_dir)
@@ -163,9 +328,15 @@ class RunFolder:
     def round(self, row) -> None:
         self._writer.append(row)
 
+    def moved(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        if self._writer is not None:
+            self._writer.moved(self.out_dir)
+
     def stopped(self, summary) -> None:
         self._close()
-        write_summary(self.out_dir, summary)
+        with contextlib.suppress(WriteError):  # the stop's own cause is the error to report
+            write_summary(self.out_dir, summary)
 
     def finished(self, result) -> None:
         self._close()

@@ -23,18 +23,19 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from mcfl import checkpoint, distributed, engine, records
+from mcfl import checkpoint, distributed, engine, faults, memory, records
 from mcfl.algorithms import hyperparams
 from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig, from_dict
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.embedding import client_embedding
-from mcfl.errors import ConfigError, TrainingDivergedError
-from mcfl.loop import LoopHooks, run_rounds
+from mcfl.errors import ConfigError, McflError, TrainingDivergedError
+from mcfl.loop import LoopHooks, client_scores, run_rounds
 from mcfl.plan import client_mesh, plan_run, run_keys
 from mcfl.program import RoundProgram, round_program
 from mcfl.records import MemberRecord
-from mcfl.run_folder import RunFolder, prepare_folder, write_result
+from mcfl.resume import restore, resume_settings, resumed_config
+from mcfl.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 
 
 @dataclasses.dataclass
@@ -112,17 +113,21 @@ def run(
     for TensorBoard or Perfetto.
     """
     if resume is not None:
-        config, out_dir = _resumed_config(config, Path(resume), out_dir)
+        settings = resume_settings(Path(resume))
+        config, out_dir = resumed_config(config, from_dict(settings["config"]), Path(resume),
+                                          out_dir)
+        if checkpoint_every is None:  # the run keeps its own interval
+            checkpoint_every = settings.get("checkpoint_every")
     elif config is None:
         raise ConfigError("run() needs a config, or resume=RUN_DIR to continue a stopped run")
     check_every(checkpoint_every)
     mesh = client_mesh(config.devices)
-    if out_dir is not None and distributed.is_leader() and resume is None:
-        prepare_folder(Path(out_dir), overwrite)
-    checkpoints = None
-    if out_dir is not None and distributed.process_count() == 1:
-        checkpoints = Checkpoints(Path(out_dir), checkpoint_every)
+    writes = out_dir is not None and distributed.is_leader()
+    if writes and resume is None:  # refused before anything runs; nothing made yet
+        check_target(Path(out_dir), overwrite)
     started = time.perf_counter()
+    if dataset is None:  # refused before anything is built when it cannot fit
+        memory.check_data_fits(config)
     # Built outside the mesh: each process builds the same data from the config and seed
     # as plain (single-device) arrays; the rounds use them as replicated inputs.
     if dataset is None:  # a natural dataset with no `clients` is loaded to count its users
@@ -131,48 +136,70 @@ def run(
         config = config.replace(clients=dataset.num_clients)
     if dataset is None:
         dataset = load_dataset(config, cache_dir)
+    # The data are ready: now the folder is made (or, replacing a run, its staging sibling).
+    target = RunTarget(Path(out_dir)) if writes and resume is None else None
+    folder = target.folder if target is not None else out_dir and Path(out_dir)
+    if writes:
+        write_settings(folder, config.to_dict(), checkpoint_every)
+    checkpoints = None
+    if out_dir is not None and distributed.process_count() == 1:
+        checkpoints = Checkpoints(folder, checkpoint_every)
     with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
         observers = tuple(observers)
         if progress is not None:
             observers += (_Progress(progress),)
-        if out_dir is not None:
-            observers += (RunFolder(Path(out_dir)),)
+        run_folder = RunFolder(folder) if writes else None
+        if run_folder is not None:
+            observers += (run_folder,)
         if not distributed.is_leader():  # in a multi-process run, process 0 reports
             observers = ()
+
+        def commit() -> None:  # a replacing run has its first checkpoint: swap it in
+            if target is not None and target.pending:
+                target.commit()
+                run_folder.moved(target.folder)
+                if checkpoints is not None:
+                    checkpoints.move_to(target.folder)
+
+        output = _Output(checkpoints, commit, replacing=target is not None and target.pending)
         try:
-            return _run(config, dataset, started, observers, profile_dir, mesh, checkpoints,
+            return _run(config, dataset, started, observers, profile_dir, mesh, output,
                         None if resume is None else Path(resume))
+        except BaseException as stop:
+            replacing = target is not None and target.pending
+            if target is not None:
+                target.abandon()
+            if replacing:  # a replacement that failed first: the old run stands
+                if isinstance(stop, McflError) and stop.args:
+                    stop.args = (f"{stop.args[0]}; the run it was to replace in "
+                                 f"{str(target.out_dir)!r} is kept",)
+            raise
         finally:
             if checkpoints is not None:
                 checkpoints.close()
 
 
-def _resumed_config(config: Optional[RunConfig], run_dir: Path, out_dir
-                    ) -> tuple[RunConfig, Path]:
-    """The config saved in `run_dir`'s checkpoint (checked against `config` if one is given)
-    and the folder a resumed run writes to: its own."""
-    if out_dir is not None and Path(out_dir).resolve() != run_dir.resolve():
-        raise ConfigError(f"a resumed run writes to its own folder {str(run_dir)!r}, not "
-                          f"{str(out_dir)!r}")
-    saved = from_dict(checkpoint.latest(run_dir).config)
-    if config is not None and config.to_dict() != saved.to_dict():
-        mine, theirs = config.to_dict(), saved.to_dict()
-        changed = [f"{k}={mine.get(k)!r} (checkpoint: {theirs.get(k)!r})"
-                   for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
-        raise ConfigError(f"the config differs from the one checkpointed in {str(run_dir)!r}: "
-                          + ", ".join(changed) + "; a run resumes with its own config")
-    return saved, run_dir
+@dataclasses.dataclass
+class _Output:
+    """Where a run's checkpoints go, and for a run replacing another (--overwrite), the swap
+    (`commit`) done once the new run has its first checkpoint."""
+
+    checkpoints: Optional[Checkpoints] = None
+    commit: Callable[[], None] = lambda: None
+    replacing: bool = False
 
 
 class _RunHooks(LoopHooks):
     """A run's side of the round loop: observers hear each row; the profiler traces the chunks
-    in `profiled`; after a chunk, a checkpoint when due (always at the last round and when a
-    signal asked to stop, which then stops the run)."""
+    in `profiled`; after a chunk, a checkpoint when due (always at the last round, after the
+    first chunk of a replacing run, and when a signal asked to stop, which then stops the
+    run). A second signal during the save stops the run after it."""
 
-    def __init__(self, observers, profile_dir, profiled: range, save, checkpoints,
+    def __init__(self, observers, profile_dir, profiled: range, save, output: _Output,
                  stop_requests: Optional[StopRequests], last_round: int):
         self.observers, self.profile_dir, self.profiled = observers, profile_dir, profiled
-        self.save, self.checkpoints, self.stop_requests = save, checkpoints, stop_requests
+        self.save, self.output, self.stop_requests = save, output, stop_requests
+        self.checkpoints = output.checkpoints
         self.last_round = last_round
         self.tracing = False
 
@@ -189,10 +216,14 @@ class _RunHooks(LoopHooks):
         if self.tracing and index == self.profiled[-1]:
             self.stop_tracing()
         requested = None if self.stop_requests is None else self.stop_requests.requested
-        if self.checkpoints is not None and (requested is not None
+        if self.checkpoints is not None and (requested is not None or self.output.replacing
                                              or last_round == self.last_round
                                              or self.checkpoints.due(last_round)):
-            self.save(last_round, state)
+            with self.stop_requests.deferred():
+                self.save(last_round, state)
+        if self.output.replacing:
+            self.output.commit()
+            self.output.replacing = False
         if requested is not None:
             raise KeyboardInterrupt(f"signal {requested}")
 
@@ -209,7 +240,7 @@ def _run(
     observers: tuple[RunObserver, ...] = (),
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
-    checkpoints: Optional[Checkpoints] = None,
+    output: Optional[_Output] = None,
     resume_dir: Optional[Path] = None,
 ) -> RunResult:
     if dataset.num_clients != config.clients:
@@ -224,25 +255,33 @@ def _run(
     plan = program.plan
     compiled_before = program.compile_seconds  # (a kept program has compiled already)
     program.compile_init({}, init_key, data)
+    memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
+                              memory.resident_bytes(data))
     init_start = time.perf_counter()
     state = program.init({}, init_key, data)
     init_seconds = time.perf_counter() - init_start
     record = MemberRecord()
     chunks = program.chunks
-    if resume_dir is not None:
-        state, done = _restore(resume_dir, state, rounds_key, record)
+    output = output or _Output()
+    checkpoints = output.checkpoints
+    if resume_dir is not None and checkpoint.exists(resume_dir):  # (else from round 1)
+        state, done = restore(resume_dir, state, rounds_key, record)
+        if checkpoints is not None:
+            checkpoints.resumed_at(done)
         chunks = [(first, count) for first, count in chunks if first > done]
     later = ()
     if program.clustered:  # cluster metrics arrive with evaluated rounds
         later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
                                       if dataset.true_cluster is not None else ())
+    # Compile every program the run needs before the first round (from JAX's persistent cache
+    # when it holds them), so that round times are training alone.
+    program.compile_rounds({}, state, rounds_key, data)
+    memory.check_program_fits(program.working_bytes(init=False), "a round", config,
+                              memory.resident_bytes(data, state))
     for observer in observers:
         observer.started(config, later)
         for row in record.rows:  # a resumed run's rows so far
             observer.round(row)
-    # Compile every program the run needs before the first round (from JAX's persistent cache
-    # when it holds them), so that round times are training alone.
-    program.compile_rounds({}, state, rounds_key, data)
 
     def summary_with(status: str) -> dict[str, Any]:
         out = records.summary(config, dataset, record, started, plan, status)
@@ -262,11 +301,13 @@ def _run(
     # state is whole and can be checkpointed (mcfl.checkpoint.StopRequests).
     stop_requests = StopRequests() if checkpoints is not None else None
     hooks = _RunHooks(observers, profile_dir, profiled if profile_dir else range(0), save,
-                      checkpoints, stop_requests, config.rounds)
+                      output, stop_requests, config.rounds)
     try:
         with stop_requests or contextlib.nullcontext():
             state = run_rounds(program, config, dataset, state, {}, rounds_key, [record], chunks,
                                hooks, keep=True)
+        if not chunks:  # resumed after its last round's checkpoint: its final files are due
+            record.client_metrics = client_scores(program, {}, state, dataset)
         if record.status == "diverged":
             raise TrainingDivergedError(records.divergence_message(config, record.diverged_row,
                                                                    record.rows))
@@ -279,6 +320,7 @@ def _run(
     finally:
         hooks.stop_tracing()  # a run stopped inside the profiled rounds
 
+    faults.point("finished")  # the last checkpoint is written, the final files not yet
     summary = summary_with("completed")
     final_assignment = record.assignments[-1] if record.assignments else None
     clients = records.client_rows(dataset, record.client_metrics, final_assignment)
@@ -293,19 +335,6 @@ def _run(
     for observer in observers:
         observer.finished(result)
     return result
-
-
-def _restore(run_dir: Path, state, rounds_key, record: MemberRecord) -> tuple[Any, int]:
-    """Load `run_dir`'s checkpoint into the run's state and `record`; returns the state and
-    the last round it finished."""
-    saved = checkpoint.restore(run_dir, state, rounds_key)
-    record.rows.extend(saved.progress["rows"])
-    record.round_seconds.extend(saved.progress["round_seconds"])
-    record.assignment_rounds.extend(saved.progress["assignment_rounds"])
-    if saved.assignments is not None:
-        record.assignments.extend(np.asarray(saved.assignments))
-    record.comm_total = record.rows[-1]["comm_params_total"] if record.rows else 0
-    return saved.state, saved.round
 
 
 def _embedding(program: RoundProgram, config: RunConfig, state, data, rounds_key, assignment,

@@ -101,7 +101,8 @@ def test_checkpoints_every_n_rounds_keep_the_latest(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "checkpoints") == ["7"]
     with pytest.raises(mcfl.McflError, match="already finished all 7 rounds"):
         mcfl.run(resume=tmp_path)
-    with pytest.raises(mcfl.McflError, match=r"pass --overwrite to replace it \(or --resume"):
+    # (a completed run is not offered --resume)
+    with pytest.raises(mcfl.McflError, match=r"pass --overwrite to replace it, or choose"):
         mcfl.run(config, out_dir=tmp_path)
     mcfl.run(config.replace(rounds=1), out_dir=tmp_path, overwrite=True)
     assert os.listdir(tmp_path / "checkpoints") == ["1"]  # the old run's checkpoint went
@@ -121,7 +122,9 @@ def test_resume_refuses_another_config_and_bad_requests(tmp_path, capsys):
     for argv, message in [
         (["--resume", cut, "--lr", "0.1"], "drop --lr"),
         (["--resume", cut, "--overwrite"], "contradict"),
-        (["--resume", str(tmp_path / "none")], "holds no checkpoint to resume from"),
+        (["--resume", str(tmp_path / "none")], "no such folder (it takes a run's folder)"),
+        (["--resume", str(tmp_path)], "holds no run to resume (run.json and a checkpoint "
+         "are missing); start the run again with --out"),
         (["--resume", cut, "--out", str(tmp_path / "x")], "drop --out"),
         (["--clients", "4", "--checkpoint-every", "0", "--out", str(tmp_path / "y")],
          "checkpoint_every must be an integer >= 1 (rounds), got 0"),

@@ -373,7 +373,7 @@ def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     assert main(argv + ["--seed", "1"]) == 2
     err = capsys.readouterr().err
     assert "already holds a run (summary.json, rounds.csv, clients.csv, curves.png, " \
-        "checkpoints); pass --overwrite to replace it (or --resume it)" in err
+        "checkpoints, run.json); pass --overwrite to replace it, or choose another --out" in err
     assert err.count("\n") == 1
     assert (out / "summary.json").read_text() == before  # nothing lost
     (out / "notes.txt").write_text("mine")

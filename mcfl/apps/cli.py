@@ -11,6 +11,7 @@ Bad input ends in one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import threading
@@ -41,6 +42,7 @@ from mcfl.apps.flags import (
 )
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.errors import ConfigError, McflError
+from mcfl.memory import out_of_memory
 from mcfl.settings import TextParser
 
 
@@ -234,6 +236,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("mcfl: interrupted; rounds finished so far are in the output folder", file=sys.stderr)
         return 130
+    except OSError as e:  # a file mcfl does not write through mcfl.atomic (a cache, a plot)
+        if e.errno not in WRITE_FAULTS:
+            raise
+        where = f" {e.filename!r}" if e.filename else ""
+        print(f"mcfl: error: cannot write{where}: {e.strerror}", file=sys.stderr)
+        return 2
+    except Exception as e:  # memory the estimates did not foresee
+        oom = out_of_memory(e)
+        if oom is None:
+            raise
+        print(f"mcfl: error: {oom}", file=sys.stderr)
+        return 2
+
+
+# Disk and permission failures reported in one line: a full disk or quota, a lost permission,
+# a read-only file system.
+WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 if __name__ == "__main__":

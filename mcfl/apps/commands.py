@@ -23,7 +23,8 @@ from mcfl.data import load_dataset
 from mcfl.data.describe import describe
 from mcfl.errors import ConfigError
 from mcfl.figures import check_figure_path
-from mcfl.run_folder import prepare_folder
+from mcfl.resume import resume_settings
+from mcfl.run_folder import SETTINGS_FILE, check_target
 from mcfl.runner import run
 from mcfl.select_k import select_k
 from mcfl.sweeps import sweep
@@ -35,18 +36,44 @@ def _default_out(config: RunConfig) -> Path:
                            f"-s{config.seed}")
 
 
-def _progress_bar(total: int, desc: str):
-    bar = tqdm(total=total, desc=desc, unit="round", dynamic_ncols=True)
+class _LazyBar:
+    """A run's progress bar, shown from the run's start (`started`), so that nothing is
+    printed before the run's inputs were checked."""
 
-    def update(r, row):
+    def __init__(self, total: int, desc: str):
+        self._total, self._desc = total, desc
+        self._bar = None
+
+    def started(self, config, later_columns) -> None:
+        if self._bar is None:
+            self._bar = tqdm(total=self._total, desc=self._desc, unit="round",
+                             dynamic_ncols=True, disable=None)  # (None: off unless a terminal)
+
+    def update(self, r, row) -> None:
+        self.started(None, ())
         shown = {"loss": f"{row['train_loss']:.3f}"}
         if "accuracy_micro" in row:
             shown["acc"] = f"{row['accuracy_micro']:.3f}"
             shown["acc_macro"] = f"{row['accuracy_macro']:.3f}"
-        bar.set_postfix(shown, refresh=False)
-        bar.update(1)
+        self._bar.set_postfix(shown, refresh=False)
+        self._bar.update(1)
 
-    return bar, update
+    def write(self, text: str) -> None:
+        self.started(None, ())
+        self._bar.write(text)
+
+    def round(self, row) -> None: ...
+
+    def stopped(self, summary) -> None: ...
+
+    def finished(self, result) -> None: ...
+
+    def close(self, erase: bool = False) -> None:
+        """Close the bar; `erase` clears it (an error follows in one line)."""
+        if self._bar is not None:
+            if erase:
+                self._bar.leave = False
+            self._bar.close()
 
 
 def cmd_run(args) -> int:
@@ -64,21 +91,26 @@ def cmd_run(args) -> int:
         return 0
     checkpoint.check_every(args.checkpoint_every)
     if args.resume is None:
-        prepare_folder(out, args.overwrite)  # before the progress bar: a refusal is one line
-    bar, update = _progress_bar(config.rounds, config.algorithm)
+        check_target(out, args.overwrite)  # a refusal is one line, and makes no folder
+    # The bar appears at the run's start, after its data were loaded and checked: an error
+    # in them is one line on stderr.
+    bar = _LazyBar(config.rounds, config.algorithm)
     announce = (_AllUsers(bar),) if config.clients is None else ()
     try:
-        result = run(None if args.resume else config, out_dir=out, progress=update,
+        result = run(None if args.resume else config, out_dir=out, progress=bar.update,
                      cache_dir=cache_dir_from_args(args), profile_dir=args.profile,
                      overwrite=args.overwrite, resume=args.resume,
-                     checkpoint_every=args.checkpoint_every, observers=announce)
+                     checkpoint_every=args.checkpoint_every, observers=(bar, *announce))
     except KeyboardInterrupt:
         bar.close()
-        again = (f"; continue it with: mcfl run --resume {out}" if checkpoint.exists(out)
-                 else "")
+        again = (f"; continue it with: mcfl run --resume {out}"
+                 if (out / SETTINGS_FILE).exists() else "")
         print(f"mcfl: interrupted; the rounds finished so far are in {out}/{again}",
               file=sys.stderr)
         return 130
+    except Exception:
+        bar.close(erase=True)  # the error is one line
+        raise
     finally:
         bar.close()
     s = result.summary
@@ -127,7 +159,7 @@ def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
     out = Path(args.resume)
     if args.out is not None and Path(args.out).resolve() != out.resolve():
         raise ConfigError(f"a resumed run writes to its own folder {str(out)!r}; drop --out")
-    return from_dict(checkpoint.latest(out).config), out
+    return from_dict(resume_settings(out)["config"]), out
 
 
 def cmd_sweep(args) -> int:

@@ -12,7 +12,6 @@ groups run one after another (`mcfl.sweeps.spec`). Results are tidy tables
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any, Optional
 
 import jax
 
-from mcfl import distributed
+from mcfl import atomic, distributed
 from mcfl.config import RunConfig
 from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError
@@ -29,7 +28,7 @@ from mcfl.loop import LoopHooks, run_rounds
 from mcfl.plan import client_mesh, plan_run
 from mcfl.program import RoundProgram, member_mesh, round_program
 from mcfl.records import MemberRecord
-from mcfl.run_folder import prepare_folder
+from mcfl.run_folder import check_target, prepare_folder
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
@@ -127,9 +126,12 @@ def sweep(
     group_info: list[dict[str, Any]] = []
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
+        check_target(out, overwrite, SWEEP_FILES)
+    datasets: dict[tuple, FederatedDataset] = {}
+    _dataset_for(groups[0], datasets, dataset, cache_dir)  # bad data: refused before any file
+    if out is not None:
         prepare_folder(out, overwrite, SWEEP_FILES)
     result = SweepResult(spec, [], [], [], group_info)
-    datasets: dict[tuple, FederatedDataset] = {}
     client_mesh(config.devices)  # checks the device count
     devices = config.devices or len(jax.devices())
     mesh = member_mesh(devices)
@@ -241,11 +243,11 @@ SWEEP_FILES = ("sweep.json", "members.csv", "rounds.csv", "summary.csv", "curves
 
 def _write(out: Path, result: SweepResult, final: bool) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    tables.write_csv(out / "members.csv", result.members)
-    tables.write_csv(out / "rounds.csv", result.rounds)
-    tables.write_csv(out / "summary.csv", result.summary)
+    atomic.write_csv(out / "members.csv", result.members)
+    atomic.write_csv(out / "rounds.csv", result.rounds)
+    atomic.write_csv(out / "summary.csv", result.summary)
     spec = {**result.spec, "groups_run": result.groups}
-    (out / "sweep.json").write_text(json.dumps(spec, indent=2, default=_json_default) + "\n")
+    atomic.write_json(out / "sweep.json", spec, default=_json_default)
     if final:
         completed = {m["member"] for m in result.members if m["status"] == "completed"}
         tables.plot_bands([r for r in result.rounds if r["member"] in completed],

@@ -22,13 +22,13 @@ natural unit to spread anyway, as they never exchange anything.)
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from mcfl.memory import device_available
 from mcfl.plan import run_keys
 from mcfl.program import RoundProgram
 from mcfl.sweeps.spec import Member
@@ -47,17 +47,9 @@ def default_width() -> Optional[int]:
 
 
 def memory_budget() -> int:
-    """Bytes a chunk's programs may take: a share of the accelerator's free memory, or on CPU
-    of the host's available memory."""
-    stats = getattr(jax.devices()[0], "memory_stats", lambda: None)()
-    if stats and "bytes_limit" in stats:
-        return int(MEMORY_SHARE * (stats["bytes_limit"] - stats.get("bytes_in_use", 0)))
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return int(MEMORY_SHARE * info["MemAvailable"])
-    except (OSError, KeyError, ValueError):
-        return int(MEMORY_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    """Bytes a chunk's programs may take: a share of the device's free memory (on CPU, of the
+    host's available memory; `mcfl.memory`)."""
+    return int(MEMORY_SHARE * device_available())
 
 
 def member_keys(members: Sequence[Member]) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,183 @@
+"""Memory a run needs, estimated before it is allocated, and what this machine has.
+
+Two checks refuse a run that cannot fit, each with one line giving the figure and what to
+change, instead of an out-of-memory error after a long build:
+
+- `check_data_fits(config)`, before the dataset is built: its rows (on the device) and the
+  generator's temporaries (on the host), from the config alone (`data_bytes`). For Synthetic
+  the clients' sizes are drawn exactly as the generator draws them; array datasets are bounded
+  by their source; LEAF folders by the size of their files.
+- `check_program_fits(...)`, after a program is compiled and before it runs: XLA's own
+  figure of the bytes it allocates beyond its live arguments (the state, the rounds'
+  temporaries).
+
+The budget is the accelerator's free memory, or on CPU the host's available memory
+(``MemAvailable``); ``MCFL_MEMORY_LIMIT`` (bytes, or with a K / M / G / T suffix) sets it
+(a shared machine, a test). An out-of-memory error that happens anyway is turned into one line
+(`out_of_memory`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from mcfl.errors import ConfigError, McflError
+
+LIMIT_VARIABLE = "MCFL_MEMORY_LIMIT"
+_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# Synthetic(alpha, beta)'s generator (mcfl.data.synthetic): rows of 60 float32 features, and
+# per client float64 temporaries: a 60 x 10 model, 10 biases, 60 input means, a few scalars.
+_SYNTHETIC_ROW_BYTES = 60 * 4 + 3 * 4  # features, label, owner, order
+_SYNTHETIC_CLIENT_HOST_BYTES = (600 + 10 + 60 + 8) * 8
+# Rows x features of the array datasets' sources (their largest form: official train + test).
+_SOURCE_SHAPES = {"mnist": (70_000, 784), "fmnist": (70_000, 784), "mnist5k": (5_000, 784),
+                  "digits": (1_797, 64), "tfds:mnist": (70_000, 784),
+                  "tfds:fashion_mnist": (70_000, 784), "tfds:emnist": (814_255, 784),
+                  "tfds:cifar10": (60_000, 3072), "tfds:celeb_a": (202_599, 84 * 84 * 3)}
+
+
+class Need(NamedTuple):
+    """Bytes a part of a run needs on the device and on the host, and what it is."""
+
+    device: int
+    host: int
+    what: str
+
+
+def parse_size(text: str, name: str = LIMIT_VARIABLE) -> int:
+    """'2G' -> 2147483648; an error naming `name` for anything else."""
+    value = str(text).strip().upper().removesuffix("B")
+    suffix = value[-1:] if value[-1:] in _SUFFIXES else ""
+    try:
+        number = float(value[:len(value) - len(suffix)])
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"{name}={text!r} is not a size in bytes (e.g. 8G, 512M, 1e9)")
+    return int(number * _SUFFIXES[suffix])
+
+
+def host_available() -> int:
+    """The host's available memory (MemAvailable), or `MCFL_MEMORY_LIMIT` when set."""
+    if os.environ.get(LIMIT_VARIABLE):
+        return parse_size(os.environ[LIMIT_VARIABLE])
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info["MemAvailable"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def device_available(resident: int = 0) -> int:
+    """Free memory of this process's first device (an accelerator's own; on CPU the host's)
+    for a run whose arrays already take `resident` bytes there (under `MCFL_MEMORY_LIMIT`, the
+    limit is the run's whole budget: its resident arrays count against it)."""
+    stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
+    if stats and "bytes_limit" in stats:
+        free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    else:
+        free = host_available()
+    if os.environ.get(LIMIT_VARIABLE):
+        free = min(free, parse_size(os.environ[LIMIT_VARIABLE]) - resident)
+    return int(free)
+
+
+def on_host() -> bool:
+    """Whether device arrays live in host memory (the CPU backend)."""
+    return jax.default_backend() == "cpu"
+
+
+def data_bytes(config) -> Optional[Need]:
+    """What building `config`'s dataset takes, from the config alone; None where the source
+    cannot say before it is read (a TFDS or user folder)."""
+    clients = config.clients or 0
+    per_client = 4 * (6 + 10)  # offsets, counts, label counts (10 classes) ... per client
+    if config.dataset == "synthetic":
+        rows = _synthetic_rows(clients, config.seed if config.data_seed is None
+                               else config.data_seed)
+        return Need(rows * _SYNTHETIC_ROW_BYTES + clients * per_client,
+                    clients * _SYNTHETIC_CLIENT_HOST_BYTES, "its data")
+    if config.dataset in _SOURCE_SHAPES:
+        rows, features = _SOURCE_SHAPES[config.dataset]
+        return Need(rows * (features * 4 + 12) + clients * per_client,
+                    rows * features * 8 + clients * per_client, "its data")
+    if config.dataset == "leaf" and config.data_dir is not None:
+        files = sum(p.stat().st_size for p in Path(config.data_dir).rglob("*.json")
+                    if p.is_file())
+        # JSON text of floats is ~2x its float32 arrays; parsed, Python lists take ~4x the text
+        return Need(files // 2, files * 4, "its data files")
+    return None
+
+
+def _synthetic_rows(clients: int, seed: int) -> int:
+    """Rows Synthetic(alpha, beta) makes for `clients` (its sizes, drawn as it draws them)."""
+    if clients <= 20_000_000:
+        sizes = np.random.default_rng(seed).lognormal(4.0, 2.0, clients).astype(np.int64)
+        return int(sizes.sum()) + 50 * clients
+    return int(clients * (math.exp(4.0 + 2.0**2 / 2) + 50))  # the mean size, e^(mu+s^2/2)+50
+
+
+def gib(count: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
+
+
+def check_data_fits(config) -> None:
+    """Refuse a config whose dataset cannot be built in this machine's memory."""
+    need = data_bytes(config)
+    if need is None:
+        return
+    host = need.host + (need.device if on_host() else 0)
+    device = 0 if on_host() else need.device
+    for needed, available, where in ((host, host_available(), "host memory"),
+                                     (device, device_available(), "device memory")):
+        if needed > available:
+            clients = config.clients or 0
+            fits = int(clients * available / needed) if clients else 0
+            advice = (f"use at most about {fits:,} --clients" if fits else "use fewer --clients")
+            if config.dataset != "synthetic" and config.dataset != "leaf":
+                advice += " or --samples-per-client"
+            raise McflError(f"{config.dataset} with {clients:,} clients needs about "
+                            f"{gib(needed)} of {where} for {need.what}; "
+                            f"{gib(available)} is available: {advice} (or set "
+                            f"{LIMIT_VARIABLE} if the figure is wrong)")
+
+
+def resident_bytes(*trees) -> int:
+    """Bytes the arrays of `trees` take (a run's data, its state)."""
+    return sum(int(x.nbytes) for tree in trees for x in jax.tree.leaves(tree)
+               if hasattr(x, "nbytes"))
+
+
+def check_program_fits(extra_bytes: Optional[int], what: str, config, resident: int = 0
+                       ) -> None:
+    """Refuse a compiled program that allocates `extra_bytes` (beyond its live arguments, which
+    take `resident`; XLA's figure, None where the backend gives none) when the device has
+    less free."""
+    if extra_bytes is None:
+        return
+    available = device_available(resident)
+    if extra_bytes > available:
+        raise McflError(f"{config.algorithm} on {config.clients:,} clients needs about "
+                        f"{gib(extra_bytes)} more memory for {what}; {gib(available)} is "
+                        "available: use fewer --clients or --clients-per-round, a smaller "
+                        f"model, or more devices (--devices)")
+
+
+def out_of_memory(error: BaseException) -> Optional[McflError]:
+    """One line for an out-of-memory error that was not foreseen (numpy's MemoryError, XLA's
+    RESOURCE_EXHAUSTED), None for any other error."""
+    text = str(error)
+    if isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in text:
+        first = next((line for line in text.splitlines() if line.strip()),
+                     type(error).__name__)
+        return McflError(f"out of memory ({first.strip()[:160]}); use fewer --clients, "
+                         "--clients-per-round or --samples-per-client, or a smaller model")
+    return None

@@ -1,0 +1,74 @@
+"""Resuming a run from its folder: the settings it was started with, and its checkpoint.
+
+Every stop can be resumed (`resume_settings`): before the run's first checkpoint it starts
+again from round 1, after its last round's checkpoint only its final files are written (see
+`mcfl.runner.run`); a folder whose run completed, or that holds no run, is refused in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from mcfl import atomic, checkpoint
+from mcfl.config import RunConfig
+from mcfl.errors import ConfigError, McflError
+from mcfl.records import MemberRecord
+from mcfl.run_folder import SETTINGS_FILE, read_settings, recover_replacement, run_status
+
+
+def resume_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings (config, checkpoint interval) of the run stopped in `run_dir`, from its
+    run.json (or, for a folder written before there was one, its checkpoint); an error naming
+    the folder if that run completed or there is no run to resume. A stop at any point can be
+    resumed: before the first checkpoint the run starts again from round 1, after its last
+    round's checkpoint only its final files are written."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise McflError(f"--resume {str(run_dir)!r}: no such folder (it takes a run's folder)")
+    recover_replacement(run_dir)
+    atomic.remove_temporaries(run_dir)  # what a kill left of a file being written
+    settings = read_settings(run_dir)
+    if settings is None and checkpoint.exists(run_dir):
+        settings = {"config": checkpoint.latest(run_dir).config, "checkpoint_every": None}
+    if settings is None:
+        raise McflError(f"{str(run_dir)!r} holds no run to resume ({SETTINGS_FILE} and a "
+                        f"checkpoint are missing); start the run again with --out "
+                        f"{str(run_dir)} --overwrite")
+    if run_status(run_dir) == "completed":
+        raise McflError(f"the run in {str(run_dir)!r} already finished all "
+                        f"{settings['config'].get('rounds')} rounds; there is nothing to "
+                        "resume")
+    return settings
+
+
+def resumed_config(config: Optional[RunConfig], saved: RunConfig, run_dir: Path, out_dir
+                    ) -> tuple[RunConfig, Path]:
+    """The config `saved` with the run in `run_dir` (checked against `config` if one is
+    given) and the folder a resumed run writes to: its own."""
+    if out_dir is not None and Path(out_dir).resolve() != run_dir.resolve():
+        raise ConfigError(f"a resumed run writes to its own folder {str(run_dir)!r}, not "
+                          f"{str(out_dir)!r}")
+    if config is not None and config.to_dict() != saved.to_dict():
+        mine, theirs = config.to_dict(), saved.to_dict()
+        changed = [f"{k}={mine.get(k)!r} (checkpoint: {theirs.get(k)!r})"
+                   for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
+        raise ConfigError(f"the config differs from the one checkpointed in {str(run_dir)!r}: "
+                          + ", ".join(changed) + "; a run resumes with its own config")
+    return saved, run_dir
+
+
+
+def restore(run_dir: Path, state, rounds_key, record: MemberRecord) -> tuple[Any, int]:
+    """Load `run_dir`'s checkpoint into the run's state and `record`; returns the state and
+    the last round it finished."""
+    saved = checkpoint.restore(run_dir, state, rounds_key)
+    record.rows.extend(saved.progress["rows"])
+    record.round_seconds.extend(saved.progress["round_seconds"])
+    record.assignment_rounds.extend(saved.progress["assignment_rounds"])
+    if saved.assignments is not None:
+        record.assignments.extend(np.asarray(saved.assignments))
+    record.comm_total = record.rows[-1]["comm_params_total"] if record.rows else 0
+    return saved.state, saved.round
