@@ -43,9 +43,13 @@ def plan_run(config: RunConfig, dataset: FederatedDataset) -> RunPlan:
     """The plan of `config` on `dataset` (a dataset without test rows is refused: runs are
     scored on them)."""
     if int(dataset.test_counts().sum()) == 0:
+        where = ("its test/*.json files list none of them, or give --test-fraction to split "
+                 "their rows" if config.dataset == "leaf" else
+                 "give a larger --test-fraction or --samples-per-client, or fewer --clients so "
+                 "that each holds more rows")
         raise DataError(f"the dataset {dataset.name!r} has no test rows for its "
-                        f"{dataset.num_clients} client(s) (a LEAF folder: its test/*.json list "
-                        "none of them); runs are scored on test rows")
+                        f"{dataset.num_clients} client(s); runs are scored on test rows: "
+                        f"{where}")
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
                        config.conv)
     init_key = jax.random.key(0)  # shapes only

@@ -203,16 +203,35 @@ class TextParser:
         return text
 
 
+def split_list(text: str, what: str, example: str = "2,3,4", separator: str = ",",
+               repeats: bool = False) -> list[str]:
+    """'a, b' -> ['a', 'b']: a list value of a flag or config file, read strictly: an empty
+    item (a doubled or trailing separator, blank text) and, unless `repeats`, a value given
+    twice are errors naming `what` and the text."""
+    parts = [part.strip() for part in str(text).split(separator)]
+    if not all(parts):
+        raise ConfigError(f"{what} {str(text)!r} has an empty item; give values separated by "
+                          f"{separator!r}, e.g. {example}")
+    if not repeats and len(set(parts)) != len(parts):
+        twice = next(p for i, p in enumerate(parts) if p in parts[:i])
+        raise ConfigError(f"{what} {str(text)!r} gives {twice!r} twice; give each value once")
+    return parts
+
+
 def parse_int_list(value) -> tuple[int, ...]:
-    """'200,200' or [200, 200] -> (200, 200) (the MLP's hidden widths)."""
+    """'200,200' or [200, 200] -> (200, 200) (the MLP's hidden widths, each >= 1)."""
+    items = split_list(value, "hidden", "200,200", repeats=True) if isinstance(value, str) \
+        else value
     try:
-        if isinstance(value, str):
-            return tuple(int(v) for v in value.split(",") if v.strip())
-        return tuple(int(v) for v in value)
+        if isinstance(items, (str, bytes)) or any(isinstance(v, (bool, float)) for v in items):
+            raise TypeError
+        widths = tuple(int(v) for v in items)
     except (TypeError, ValueError):
+        widths = ()
+    if not widths or min(widths) < 1:
         raise ConfigError(
-            f"hidden must be comma-separated integers like 200,200, got {value!r}"
-        ) from None
+            f"hidden must be comma-separated integers >= 1 like 200,200, got {value!r}")
+    return widths
 
 
 def build(cls, values: dict[str, Any], what: str):

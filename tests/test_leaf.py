@@ -256,7 +256,8 @@ def test_test_user_missing_from_train_is_named(tmp_path):
 def test_non_integer_labels_are_named(tmp_path):
     train = {"a.json": {"w1": ([[0.0], [1.0]], [0, 0.5])}}
     _write_leaf(tmp_path, train, {"a.json": {}})
-    with pytest.raises(DataError, match="labels of user 'w1' in .* must be integers >= 0, got 0.5"):
+    with pytest.raises(DataError, match="labels of user 'w1' in .* must be integers from 0 to "
+                       r"2\^31 - 1, got 0.5"):
         load_leaf(tmp_path)
 
 
@@ -273,8 +274,9 @@ def test_test_files_listing_no_users_stop_a_run_before_it_starts(tmp_path):
 
     _write_leaf(tmp_path, test={"a.json": {}})
     assert load_leaf(tmp_path).test_counts().sum() == 0  # loading alone is fine
-    with pytest.raises(DataError, match=r"'leaf' has no test rows for its 3 client\(s\) \(a "
-                                        r"LEAF folder: its test/\*.json list none of them\)"):
+    with pytest.raises(DataError, match=r"'leaf' has no test rows for its 3 client\(s\); runs "
+                                        r"are scored on test rows: its test/\*.json files list "
+                                        r"none of them, or give --test-fraction"):
         mcfl.run(mcfl.RunConfig(dataset="leaf", data_dir=str(tmp_path), rounds=1))
 
 
@@ -305,3 +307,25 @@ def test_all_users_are_clients_unless_asked_and_home_is_expanded(tmp_path, monke
     assert "leaf: all 3 users are clients" in capsys.readouterr().out
     summary = json_.loads((out / "summary.json").read_text())
     assert summary["config"]["clients"] == 3 and summary["dataset"]["clients"] == 3
+
+
+def test_an_empty_user_list_and_unlisted_user_data_are_named(tmp_path):
+    _write_leaf(tmp_path / "empty", train={"a.json": {}}, test={"a.json": {}})
+    with pytest.raises(DataError, match=r"the train files in .*train list no users"):
+        load_leaf(tmp_path / "empty")
+    root = _write_leaf(tmp_path / "extra")
+    path = root / "train" / "part_0.json"
+    document = json.loads(path.read_text())
+    document["user_data"]["ghost"] = {"x": [[0.0] * DIM], "y": [0]}
+    path.write_text(json.dumps(document))
+    with pytest.raises(DataError, match=r"'user_data' in .*part_0.json holds user\(s\) not "
+                                        r"listed in 'users': 'ghost'"):
+        load_leaf(root)
+
+
+def test_labels_too_large_for_an_integer_are_named(tmp_path):
+    train = {"a.json": {"w1": ([[0.0] * DIM], [2 ** 70])}}
+    _write_leaf(tmp_path, train=train, test={"a.json": {}})
+    with pytest.raises(DataError, match=r"labels of user 'w1' .* must be integers from 0 to "
+                                        r"2\^31 - 1, got 1180591620717411303424"):
+        load_leaf(tmp_path)

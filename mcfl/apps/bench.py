@@ -32,6 +32,7 @@ from mcfl.apps.bench_point import CLUSTERING, Point, point_settings, training_co
 from mcfl.errors import ConfigError, choice_error
 from mcfl.figures import save_figure
 from mcfl.run_folder import json_safe
+from mcfl.settings import split_list
 
 DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
 DEFAULT_MODELS = ("mclr", "mlp")
@@ -225,9 +226,7 @@ def format_row(record: dict) -> str:
 
 def parse_names(text: str, allowed: Sequence[str], what: str) -> tuple[str, ...]:
     """'fedavg,ifca' -> ('fedavg', 'ifca'), each checked against `allowed`."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
-        raise ConfigError(f"expected a comma-separated list of {what}s, got {text!r}")
+    names = tuple(split_list(text, f"the list of {what}s", allowed[0]))
     for name in names:
         if name not in allowed:
             raise choice_error(what, name, allowed)
@@ -237,7 +236,7 @@ def parse_names(text: str, allowed: Sequence[str], what: str) -> tuple[str, ...]
 def parse_counts(text: str) -> tuple[int, ...]:
     """'100,1000' -> (100, 1000); every count a positive integer ('10_000' and '1e4' allowed)."""
     counts = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in split_list(text, "the client counts", "100,1000"):
         try:
             value = float(part.replace("_", ""))
         except ValueError:

@@ -27,6 +27,7 @@ from mcfl.resume import resume_settings
 from mcfl.run_folder import SETTINGS_FILE, check_target
 from mcfl.runner import run
 from mcfl.select_k import select_k
+from mcfl.settings import split_list
 from mcfl.sweeps import sweep
 from mcfl.sweeps.spec import parse_grid
 
@@ -238,7 +239,7 @@ def cmd_reproduce(args) -> int:
     def show(label, i, count):
         print(f"[{i + 1}/{count}] {label}", flush=True)
 
-    cells = None if args.cells is None else [c.strip() for c in args.cells.split(",")]
+    cells = None if args.cells is None else split_list(args.cells, "--cells", "FedAvg,IFCA")
     reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
                         cache_dir=cache_dir_from_args(args), progress=show,
                         overwrite=args.overwrite, cells=cells, data_dir=args.data_dir)
@@ -294,8 +295,9 @@ def cmd_select_k(args) -> int:
 
 
 def _int_list(text: str, flag: str) -> list[int]:
+    items = split_list(text, flag)  # (an empty item or a repeated K: its own message)
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in items]
     except ValueError:
         values = []
     if not values or min(values) < 1:

@@ -186,6 +186,9 @@ def _read_train(
             if num_clients is not None and client >= num_clients:
                 continue  # not chosen: skip the (possibly costly) conversion
             rows.add(reader.block(document["user_data"][user], count, user, path), client)
+    if not users:
+        raise DataError(f"the train files in {files[0].parent} list no users (every 'users' "
+                        "list is empty); a LEAF dataset needs at least one user with rows")
     if num_clients is not None and num_clients > len(users):
         raise DataError(
             f"asked for {num_clients} clients, but the train files hold only {len(users)} users"
@@ -261,14 +264,20 @@ def _listed_users(document: dict, path: Path) -> list[tuple[str, int]]:
     if len(set(users)) != len(users):
         twice = next(user for i, user in enumerate(users) if user in users[:i])
         raise DataError(f"user {twice!r} is listed twice in {path}")
+    listed = set(users)
+    unlisted = [user for user in data if user not in listed]
+    if unlisted:  # rows that would be silently dropped
+        raise DataError(f"'user_data' in {path} holds user(s) not listed in 'users': "
+                        f"{', '.join(map(repr, unlisted[:3]))}; list every user once")
     return list(zip(users, counts))
 
 
 def _labels(values: list, where: str) -> np.ndarray:
     """Integer labels; LEAF CelebA stores some as booleans, read as 0/1."""
-    bad = next((v for v in values if not isinstance(v, int) or v < 0), None)  # bool: an int
-    if bad is not None:
-        raise DataError(f"labels of {where} must be integers >= 0, got {bad!r}")
+    bad = [v for v in values if not isinstance(v, int) or not 0 <= v < 2**31][:1]
+    if bad:  # (a bool is an int)
+        bad = bad[0]
+        raise DataError(f"labels of {where} must be integers from 0 to 2^31 - 1, got {bad!r}")
     return np.asarray(values, np.int64)
 
 

@@ -175,11 +175,12 @@ def parse_grid(text: str) -> tuple[str, tuple[Any, ...]]:
         raise ConfigError(f"unknown sweep parameter {name!r}; allowed: "
                           f"{', '.join(k for k in all_keys() if k not in SEED_KEYS)}")
     parse = settings.TextParser(hint_of(name))
-    parts = rest.split(";") if ";" in rest or parse.__name__ == "list of integers" else \
-        rest.split(",")
-    parts = [p.strip() for p in parts if p.strip()]
-    if not parts:
+    if not rest.strip():
         raise ConfigError(f"grid {name} has no values; give at least one, e.g. {name}=V1,V2")
+    lists = ";" in rest or parse.__name__ == "list of integers"
+    parts = settings.split_list(rest, f"--grid {name}",
+                                f"{name}=200,200;100" if lists else f"{name}=V1,V2",
+                                separator=";" if lists else ",")
     try:
         return name, tuple(parse(p) for p in parts)
     except ConfigError as e:
