@@ -94,15 +94,18 @@ def run(
     checkpoint_every: Optional[int] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
-    `mcfl.run_folder.RunFolder`). A folder already holding a run is refused (`McflError`,
-    before anything runs) unless `overwrite`, which deletes that run's files first.
+    `mcfl.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
+    run is refused (`McflError`, before anything runs) unless `overwrite`: the new run then
+    replaces the old one's files once it has its first checkpoint (`run_folder.RunTarget`).
+    A run that cannot fit in memory is refused before it is built (`mcfl.memory`).
 
     A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints`` (`mcfl.checkpoint`):
     every `checkpoint_every` rounds (default: every 5 minutes), at the end, and when SIGINT or
     SIGTERM stops it (at the end of the round, or of the scanned chunk, under way).
-    ``run(resume=RUN_DIR)`` continues the run stopped there from its checkpoint, with the
-    config saved in it (`config`, if given, must equal it), writing to RUN_DIR; its rounds and
-    summary equal the uninterrupted run's apart from timings.
+    ``run(resume=RUN_DIR)`` continues the run stopped there, with the settings saved in its
+    run.json (`config`, if given, must equal its config; `checkpoint_every` defaults to the
+    run's), writing to RUN_DIR; its rounds and summary equal the uninterrupted run's apart from
+    timings (`mcfl.resume`).
 
     `progress(round, row)` is called after every round with that round's metrics; `observers`
     hear about every round and the end (`RunObserver`). A prepared

@@ -286,11 +286,12 @@ def test_a_resumed_run_keeps_its_checkpoint_interval(tmp_path, monkeypatch):
 
 
 def test_a_stop_before_the_first_round_leaves_nothing_to_refuse(tmp_path, capsys):
-    """SIGINT before round 1: the new folder is removed again, so the same command starts
-    the run afresh (and --resume of it says there is no run)."""
+    """Ctrl-C before round 1 (Python's KeyboardInterrupt, raised where the default handler
+    would raise it: a test worker may ignore SIGINT itself): the new folder is removed again,
+    so the same command starts the run afresh."""
     class StopAtStart(mcfl.RunObserver):
         def started(self, config, later_columns):
-            signal.raise_signal(signal.SIGINT)
+            raise KeyboardInterrupt
 
     config = mcfl.RunConfig(clients=6, rounds=2, clients_per_round=3)
     out = tmp_path / "run"
@@ -320,6 +321,11 @@ def test_bad_data_and_runs_too_large_are_refused_before_any_output(tmp_path, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mcfl: error:"), err  # no progress bar
     assert not out.exists()
+    (tmp_path / "file").write_text("")
+    assert main(["run", "--out", str(tmp_path / "file" / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the output folder '{tmp_path / 'file' / 'run'}': " \
+           f"'{tmp_path / 'file'}' is not a writable folder" in err, err
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "16G")
     started = time.perf_counter()
     assert main(["run", "--clients", "1000000", "--out", str(out)]) == 2
