@@ -10,6 +10,7 @@ choices), and an error names the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import math
@@ -184,7 +185,10 @@ class TextParser:
         if self.optional and text.strip().lower() == "none":
             return None
         if typing.get_origin(self.hint) is tuple:
-            return parse_int_list(text)
+            try:
+                return parse_int_list(text)
+            except ConfigError as e:  # argparse shows its text after the flag's name
+                raise ListError(str(e)) from None
         try:
             if self.kinds == {int, float}:
                 return float(text) if any(c in text for c in ".eE") else int(text)
@@ -203,6 +207,11 @@ class TextParser:
         return text
 
 
+class ListError(ConfigError, argparse.ArgumentTypeError):
+    """A bad list value of a flag: argparse prints this message after the flag's name (for
+    other types it says only "invalid ... value")."""
+
+
 def split_list(text: str, what: str, example: str = "2,3,4", separator: str = ",",
                repeats: bool = False) -> list[str]:
     """'a, b' -> ['a', 'b']: a list value of a flag or config file, read strictly: an empty
@@ -218,20 +227,30 @@ def split_list(text: str, what: str, example: str = "2,3,4", separator: str = ",
     return parts
 
 
+def _positive_int(item) -> Optional[int]:
+    """An integer >= 1 from an int or its text as `int` reads it ('2.5', 'true', 2.0, True:
+    None)."""
+    if isinstance(item, str):
+        try:
+            item = int(item)
+        except ValueError:
+            return None
+    if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+        return None
+    return item
+
+
 def parse_int_list(value) -> tuple[int, ...]:
     """'200,200' or [200, 200] -> (200, 200) (the MLP's hidden widths, each >= 1)."""
     items = split_list(value, "hidden", "200,200", repeats=True) if isinstance(value, str) \
         else value
-    try:
-        if isinstance(items, (str, bytes)) or any(isinstance(v, (bool, float)) for v in items):
-            raise TypeError
-        widths = tuple(int(v) for v in items)
-    except (TypeError, ValueError):
-        widths = ()
-    if not widths or min(widths) < 1:
-        raise ConfigError(
-            f"hidden must be comma-separated integers >= 1 like 200,200, got {value!r}")
-    return widths
+    allowed = f"hidden must be comma-separated integers >= 1 like 200,200, got {value!r}"
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(allowed)
+    widths = [_positive_int(v) for v in items]
+    if None in widths:
+        raise ConfigError(f"{allowed} ({items[widths.index(None)]!r} is not)")
+    return tuple(widths)
 
 
 def build(cls, values: dict[str, Any], what: str):

@@ -138,7 +138,8 @@ def test_celeba_images_are_loaded_resized_rgb_in_unit_range(tmp_path, images_bes
     _write_image(folder / "000001.png", "RGB", (178, 218), (255, 0, 0))
     _write_image(folder / "000002.png", "L", (20, 30), 51)  # grey: converted to RGB
     _write_image(folder / "000003.jpg", "RGB", (50, 40), (0, 0, 255))
-    train = {"a.json": {"celeb_7": (["000001.png", "000002.png"], [True, 0])}}
+    # labels as LEAF's CelebA preprocessing writes them: (attribute + 1) / 2, floats 1.0 / 0.0
+    train = {"a.json": {"celeb_7": (["000001.png", "000002.png"], [1.0, 0.0])}}
     test = {"a.json": {"celeb_7": (["000003.jpg"], [1])}}
     ds = load_leaf(_write_leaf(data_dir, train, test), name="celeba-like")
     x_train, x_test = np.asarray(ds.arrays.x_train), np.asarray(ds.arrays.x_test)
@@ -147,7 +148,7 @@ def test_celeba_images_are_loaded_resized_rgb_in_unit_range(tmp_path, images_bes
     np.testing.assert_array_equal(x_train[0], np.broadcast_to([1.0, 0.0, 0.0], (84, 84, 3)))
     np.testing.assert_allclose(x_train[1], 0.2, atol=1e-6)
     np.testing.assert_allclose(x_test[0], np.broadcast_to([0, 0, 1], (84, 84, 3)), atol=0.02)
-    np.testing.assert_array_equal(ds.arrays.y_train, [1, 0])  # booleans read as 0/1
+    np.testing.assert_array_equal(ds.arrays.y_train, [1, 0])  # integral floats read as ints
     assert ds.num_classes == 2 and ds.client_ids == ("celeb_7",)
 
 
@@ -257,7 +258,7 @@ def test_non_integer_labels_are_named(tmp_path):
     train = {"a.json": {"w1": ([[0.0], [1.0]], [0, 0.5])}}
     _write_leaf(tmp_path, train, {"a.json": {}})
     with pytest.raises(DataError, match="labels of user 'w1' in .* must be integers from 0 to "
-                       r"2\^31 - 1, got 0.5"):
+                       r"65535 \(class indices\), got 0.5 \(label 1\)"):
         load_leaf(tmp_path)
 
 
@@ -327,5 +328,5 @@ def test_labels_too_large_for_an_integer_are_named(tmp_path):
     train = {"a.json": {"w1": ([[0.0] * DIM], [2 ** 70])}}
     _write_leaf(tmp_path, train=train, test={"a.json": {}})
     with pytest.raises(DataError, match=r"labels of user 'w1' .* must be integers from 0 to "
-                                        r"2\^31 - 1, got 1180591620717411303424"):
+                                        r"65535 \(class indices\), got 1180591620717411303424"):
         load_leaf(tmp_path)

@@ -136,7 +136,8 @@ def split_train_test(
     Returns the indices of the training rows and of the test rows.
     """
     if not 0.0 < test_fraction < 1.0:
-        raise DataError(f"test fraction must be in (0, 1), got {test_fraction}")
+        raise DataError(f"test fraction (--test-fraction) must be a number in (0, 1), got "
+                        f"{test_fraction}")
     rows = np.flatnonzero(owner >= 0)
     rows = rows[rng.permutation(rows.size)]
     group = owner[rows] if labels is None else owner[rows] * (labels.max() + 1) + labels[rows]
@@ -182,17 +183,17 @@ def from_owner(
     """
     owner = np.asarray(owner, dtype=np.int64)
     if owner.shape != (len(x),) or len(y) != len(x):
-        raise DataError(
-            f"x, y and owner must have the same length, got {len(x)}, {len(y)}, {owner.shape}"
-        )
+        raise DataError(f"{name}: x, y and owner must have the same length, got {len(x)}, "
+                        f"{len(y)}, {owner.shape}")
     if owner.size and owner.max() >= num_clients:
-        raise DataError(f"owner ids must be < {num_clients} clients, got {owner.max()}")
+        raise DataError(f"{name}: owner ids must be < {num_clients} clients, got {owner.max()}")
     counts = np.bincount(owner[owner >= 0], minlength=num_clients)
     empty = np.flatnonzero(counts == 0)
     if empty.size:
         raise DataError(
-            f"{empty.size} client(s) have no data (first: {empty[:5].tolist()}); "
-            "every client needs at least one sample"
+            f"{name}: {empty.size} client(s) have no data (first: {empty[:5].tolist()}); "
+            f"every client needs at least one sample: give fewer --clients (it has "
+            f"{int(counts.sum())} rows for {num_clients}) or another --partition"
         )
     train_rows, test_rows = split_train_test(
         owner, num_clients, test_fraction, rng, labels=np.asarray(y) if stratify else None
@@ -235,8 +236,8 @@ def from_splits(
         y = np.asarray(y)
         if y.size and (y.min() < 0 or y.max() >= num_classes):
             raise DataError(
-                f"{name}: {split} labels must lie in [0, {num_classes}), got "
-                f"[{y.min()}, {y.max()}]"
+                f"{name}: {split} labels must lie in [0, {num_classes}) (this dataset has "
+                f"{num_classes} classes), got [{y.min()}, {y.max()}]"
             )
         x = x if isinstance(x, jax.Array) else np.asarray(x)  # device rows stay where they are
         if isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating) and x.size:
@@ -254,13 +255,17 @@ def from_splits(
     (xtr, ytr, otr, offtr, ctr), (xte, yte, ote, offte, cte) = parts
     no_train = np.flatnonzero(ctr == 0)
     if no_train.size:
+        first = [client_ids[i] if client_ids is not None and len(client_ids) == num_clients
+                 else int(i) for i in no_train[:5]]
         raise DataError(
-            f"{no_train.size} client(s) have no training data (first: {no_train[:5].tolist()})"
+            f"{name}: {no_train.size} of its {num_clients} client(s) have no training rows "
+            f"(first: {first}); every client needs at least one: give fewer --clients, a "
+            "smaller --test-fraction or a larger --samples-per-client"
         )
     if client_ids is None:
         client_ids = tuple(str(i) for i in range(num_clients))
     if len(client_ids) != num_clients:
-        raise DataError(f"got {len(client_ids)} client ids for {num_clients} clients")
+        raise DataError(f"{name}: got {len(client_ids)} client ids for {num_clients} clients")
     arrays = FederatedData(
         x_train=_on_device(xtr),
         y_train=jnp.asarray(ytr, jnp.int32),

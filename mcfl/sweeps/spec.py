@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
@@ -22,6 +23,8 @@ from mcfl.errors import ConfigError
 
 # Varied by `seeds=` / `data_seeds=`, not by the grid.
 SEED_KEYS = ("seed", "data_seed")
+# The most seeds a sweep takes (a range such as 0-99999999999 would fill the memory).
+MAX_SEEDS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,33 +70,65 @@ def traceable_keys(config: RunConfig) -> tuple[str, ...]:
                  if settings.is_traced(cls, f) and key not in DATA_FIELDS)
 
 
-def parse_seeds(seeds: int | Iterable[int] | str) -> tuple[int, ...]:
-    """Seeds as a list, a count (``8``: 0..7) or text (``"0-7"``, ``"0,3,5"``)."""
+def _seed_ranges(text: str, what: str) -> list[range]:
+    """'0-3,7' -> [range(0, 4), range(7, 8)]: every item an integer or an ascending range."""
+    ranges = []
+    for part in settings.split_list(text, what, "0-7 or 0,3,5"):
+        low, dash, high = part[1:].partition("-")  # (a leading '-' is a sign: refused below)
+        try:
+            low, high = int(part[0] + low), int(high if dash else part[0] + low)
+        except ValueError:
+            raise ConfigError(f"{what} must look like 0-7 or 0,3,5, got {text!r} ({part!r} is "
+                              "not an integer or a range of them)") from None
+        if high < low:
+            raise ConfigError(f"{what} {text!r}: the range {part!r} runs backwards; write it "
+                              f"as {high}-{low}")
+        if high - low >= MAX_SEEDS:
+            raise ConfigError(f"{what} {text!r}: the range {part!r} holds {high - low + 1:,} "
+                              f"seeds; at most {MAX_SEEDS:,} are allowed")
+        ranges.append(range(low, high + 1))
+    return ranges
+
+
+def parse_seeds(seeds: int | Iterable[int] | str, what: str = "seeds") -> tuple[int, ...]:
+    """Seeds as a list, a count (``8``: 0..7) or text (``"0-7"``, ``"0,3,5"``); each an
+    integer from 0 to 2^63 - 1, none twice, at most `MAX_SEEDS`. `what` names the value in
+    errors (the flag: seeds, data_seeds)."""
     if isinstance(seeds, str):
-        out: list[int] = []
-        for part in (p.strip() for p in seeds.split(",")):
-            try:
-                if "-" in part[1:]:
-                    low, high = part.split("-", 1)
-                    out.extend(range(int(low), int(high) + 1))
-                else:
-                    out.append(int(part))
-            except ValueError:
-                raise ConfigError(f"seeds must look like 0-7 or 0,3,5, got {seeds!r}") from None
-        seeds = out
+        seeds = _seed_ranges(seeds, what)
     elif isinstance(seeds, int) and not isinstance(seeds, bool):
-        if seeds < 1:
-            raise ConfigError(f"seeds as a count must be >= 1, got {seeds}")
-        seeds = range(seeds)
-    seeds = tuple(seeds)
+        if seeds < 1 or seeds > MAX_SEEDS:
+            raise ConfigError(f"{what} as a count must be from 1 to {MAX_SEEDS:,}, got {seeds}")
+        seeds = [range(seeds)]
+    elif isinstance(seeds, (bytes, Mapping)) or not isinstance(seeds, Iterable):
+        raise ConfigError(f"{what} must be a count, a list of integers or text like 0-7 or "
+                          f"0,3,5, got {seeds!r}")
+    else:
+        seeds = [tuple(seeds)]
+    if sum(len(r) for r in seeds) > MAX_SEEDS:
+        raise ConfigError(f"{what} gives {sum(len(r) for r in seeds):,} seeds; at most "
+                          f"{MAX_SEEDS:,} are allowed")
+    seeds = tuple(s for r in seeds for s in r)
     if not seeds:
-        raise ConfigError("seeds is empty; give at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"seeds repeat a value: {list(seeds)}")
+        raise ConfigError(f"{what} is empty; give at least one seed")
     for s in seeds:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ConfigError(f"seeds must be integers >= 0, got {s!r}")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= settings.INT64_MAX:
+            raise ConfigError(f"{what} must be integers from 0 to 2^63 - 1, got {s!r}")
+    if len(set(seeds)) != len(seeds):
+        twice = next(s for s, n in Counter(seeds).items() if n > 1)
+        raise ConfigError(f"{what} gives the seed {twice} twice; give each seed once")
     return seeds
+
+
+def _once(what: str, values: Sequence[Any], texts: Optional[Sequence[str]] = None) -> None:
+    """A grid's values, none given twice (as read: '0.1' and '0.10' are one value; 1 and 1.0
+    are not, a count and a fraction); `what` names the grid in errors."""
+    keys = [(type(v).__name__, repr(v)) for v in values]
+    if len(set(keys)) != len(keys):
+        i = next(i for i, k in enumerate(keys) if k in keys[:i])
+        given = f" (as {texts[keys.index(keys[i])]!r} and {texts[i]!r})" if texts else ""
+        raise ConfigError(f"{what} gives the value {values[i]!r} twice{given}; give each "
+                          "value once")
 
 
 def check_grid(grid: Optional[Mapping[str, Sequence[Any]]]) -> dict[str, tuple[Any, ...]]:
@@ -111,6 +146,7 @@ def check_grid(grid: Optional[Mapping[str, Sequence[Any]]]) -> dict[str, tuple[A
             raise ConfigError(f"grid {name} must be a list of values, got {values!r}")
         if len(values) == 0:
             raise ConfigError(f"grid {name} has no values; give at least one")
+        _once(f"grid {name}", values)
         grid[name] = tuple(values)
     return grid
 
@@ -182,6 +218,8 @@ def parse_grid(text: str) -> tuple[str, tuple[Any, ...]]:
                                 f"{name}=200,200;100" if lists else f"{name}=V1,V2",
                                 separator=";" if lists else ",")
     try:
-        return name, tuple(parse(p) for p in parts)
+        values = tuple(parse(p) for p in parts)
     except ConfigError as e:
         raise ConfigError(f"grid {name}: {e}") from None
+    _once(f"--grid {name}", values, parts)
+    return name, values
