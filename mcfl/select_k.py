@@ -37,6 +37,8 @@ def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, ro
     if not candidates or min(candidates) < 1:
         raise ConfigError(f"candidate K values must be integers >= 1, got {candidates}")
     dataset = dataset if dataset is not None else load_dataset(config)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ConfigError(f"--sample must be an integer >= 1 (clients), got {sample!r}")
     size = min(sample, dataset.num_clients)
     if max(candidates) > size:
         raise ConfigError(f"K = {max(candidates)} exceeds the {size} sampled clients")

@@ -84,7 +84,7 @@ def test_partition_specs():
     for bad, message in [
         ("dirichlet:0", "alpha must be > 0, got 0"),
         ("dirichlet:-1", "alpha must be > 0, got -1"),
-        ("shards", "needs a int value"),
+        ("shards", "needs an integer as in shards:2"),
         ("pathological", "unknown partition 'pathological'"),
         ("rotated:4+permuted:2", "at most one planted"),
     ]:

@@ -37,8 +37,9 @@ def _parse_part(part: str, spec: str) -> tuple[str, Optional[float]]:
     try:
         number = _TAKES_ARG[kind](value)
     except ValueError:
+        wanted = "an integer" if _TAKES_ARG[kind] is int else "a number"
         raise ConfigError(
-            f"partition {kind!r} needs a {_TAKES_ARG[kind].__name__} value as in "
+            f"partition {kind!r} needs {wanted} as in "
             f"{kind}:{'0.5' if _TAKES_ARG[kind] is float else '2'}, got {part!r}"
         ) from None
     if kind == "dirichlet" and not number > 0:

@@ -106,8 +106,7 @@ def sweep(
         raise ConfigError(f"member_width must be 'auto', None or an integer >= 1, got "
                           f"{member_width!r}")
     if data_seeds is not None:
-        data_seeds = parse_seeds(list(data_seeds) if not isinstance(data_seeds, str)
-                                 else data_seeds)
+        data_seeds = parse_seeds(data_seeds, what="data_seeds")  # (a count, a list or text)
     if config.clients is None:  # a natural dataset (leaf): all its users
         if dataset is not None:
             config = config.replace(clients=dataset.num_clients)
