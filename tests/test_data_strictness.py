@@ -256,6 +256,23 @@ def test_datasets_without_rows_name_the_dataset_and_what_to_change():
     (["sweep", "--grid", "hidden=200,,1"], "grid hidden: hidden '200,,1' has an empty item"),
     (["select-k", "--k", "2,3,"], "--k '2,3,' has an empty item"),
     (["select-k", "--k", "true"], "--k must be comma-separated integers >= 1, got 'true'"),
+    (["run", "--hidden", "0"], "argument --hidden: hidden must be comma-separated integers >= 1 "
+     "like 200,200, got '0' ('0' is not)"),
+    (["sweep", "--grid", "lr=0.1,,0.2"], "--grid lr '0.1,,0.2' has an empty item"),
+    (["sweep", "--grid", "lr=0.1,0.2,"], "--grid lr '0.1,0.2,' has an empty item"),
+    (["sweep", "--grid", "lr=0.1,0.1"], "--grid lr '0.1,0.1' gives '0.1' twice"),
+    (["sweep", "--grid", "hidden=20;;30"], "--grid hidden '20;;30' has an empty item; give "
+     "values separated by ';', e.g. hidden=200,200;100"),
+    (["select-k", "--k", "2,,3"], "--k '2,,3' has an empty item"),
+    (["select-k", "--k", "2,3,2"], "--k '2,3,2' gives '2' twice"),
+    (["select-k", "--k", "2.5"], "--k must be comma-separated integers >= 1, got '2.5'"),
+    (["reproduce", "flexcfl-table3-synthetic", "--cells", "FedAvg,"],
+     "--cells 'FedAvg,' has an empty item"),
+    (["bench", "--clients", "100,,200"], "the client counts '100,,200' has an empty item"),
+    (["bench", "--algorithms", "fedavg,fedavg"], "gives 'fedavg' twice"),
+    (["run", "--dataset", "digits", "--clients", "10", "--samples-per-client", "1", "--no-cache"],
+     "the dataset 'digits/iid' has no test rows for its 10 client(s); runs are scored on test "
+     "rows: give a larger --test-fraction or --samples-per-client, or fewer --clients"),
 ])
 def test_list_values_name_the_flag_the_value_and_what_is_allowed(argv, message, capsys,
                                                                   tmp_path, monkeypatch):

@@ -317,32 +317,3 @@ def test_random_leaf_files_load_or_fail_in_one_line(tmp_path, capsys):
             assert code == 2 and err.count("\n") == 1 and err.startswith("mcfl: error: "), err
             assert "Traceback" not in err and not out.exists()
 
-
-@pytest.mark.parametrize("argv, message", [
-    (["run", "--hidden", "200,,200"], "argument --hidden: hidden '200,,200' has an empty item"),
-    (["run", "--hidden", "0"], "argument --hidden: hidden must be comma-separated integers >= 1 "
-     "like 200,200, got '0' ('0' is not)"),
-    (["sweep", "--grid", "lr=0.1,,0.2"], "--grid lr '0.1,,0.2' has an empty item"),
-    (["sweep", "--grid", "lr=0.1,0.2,"], "--grid lr '0.1,0.2,' has an empty item"),
-    (["sweep", "--grid", "lr=0.1,0.1"], "--grid lr '0.1,0.1' gives '0.1' twice"),
-    (["sweep", "--grid", "hidden=20;;30"], "--grid hidden '20;;30' has an empty item; give "
-     "values separated by ';', e.g. hidden=200,200;100"),
-    (["select-k", "--k", "2,,3"], "--k '2,,3' has an empty item"),
-    (["select-k", "--k", "2,3,2"], "--k '2,3,2' gives '2' twice"),
-    (["select-k", "--k", "2.5"], "--k must be comma-separated integers >= 1, got '2.5'"),
-    (["reproduce", "flexcfl-table3-synthetic", "--cells", "FedAvg,"],
-     "--cells 'FedAvg,' has an empty item"),
-    (["bench", "--clients", "100,,200"], "the client counts '100,,200' has an empty item"),
-    (["bench", "--algorithms", "fedavg,fedavg"], "gives 'fedavg' twice"),
-    (["run", "--dataset", "digits", "--clients", "10", "--samples-per-client", "1", "--no-cache"],
-     "the dataset 'digits/iid' has no test rows for its 10 client(s); runs are scored on test "
-     "rows: give a larger --test-fraction or --samples-per-client, or fewer --clients"),
-])
-def test_list_values_are_read_strictly(argv, message, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and message in err, err
