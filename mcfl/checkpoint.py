@@ -35,6 +35,7 @@ import numpy as np
 from mcfl import faults
 from mcfl.atomic import WriteError
 from mcfl.errors import McflError
+from mcfl.memory import resident_bytes
 
 FOLDER = "checkpoints"
 # Default interval when no --checkpoint-every is given: a checkpoint costs a write of the
@@ -162,9 +163,7 @@ def _check_space(folder: Path, arrays, meta) -> None:
     except OSError:
         return
     free = stats.f_bavail * stats.f_frsize
-    need = (sum(np.asarray(x).nbytes if not hasattr(x, "nbytes") else x.nbytes
-                for x in jax.tree.leaves(arrays))
-            + len(json.dumps(meta, default=str)) + _FILES_OVERHEAD)
+    need = (resident_bytes(arrays) + len(json.dumps(meta, default=str)) + _FILES_OVERHEAD)
     if free < need:
         raise WriteError(folder, OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (a "
                                          f"checkpoint needs about {need / 2**20:.1f} MiB, "
