@@ -5,7 +5,8 @@ A setting is a dataclass field made with `setting`, which records a one-line doc
 run config (`mcfl.config.RunConfig`) and every algorithm's hyperparameter dataclass are made of
 them, so `check` gives every value the same treatment: booleans must be booleans, numbers must
 be finite numbers in range, strings must be strings (and one of the choices when there are
-choices), and an error names the key, the value and what is allowed.
+choices), dicts objects of JSON values under string names, and an error names the key, the
+value and what is allowed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import typing
 from typing import Annotated, Any, NamedTuple, Optional, Union
@@ -30,10 +32,31 @@ class Static(NamedTuple):
     why: str
 
 
+class JsonObject(dict):
+    """The value of a setting of type dict: string names of JSON values (numbers, strings,
+    true / false, null, lists and objects of them), read-only and hashable, so the frozen
+    settings holding one stay hashable values; JSON writes it as an object."""
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self, sort_keys=True))
+
+    def __reduce__(self):  # pickle and copy build it whole (not item by item)
+        return JsonObject, (dict(self),)
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a setting's JSON object is read-only; make a new one instead")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+
 def setting(default, doc: str, *, key: Optional[str] = None, minimum=None, maximum=None,
             above=None, below=None, choices: Optional[tuple] = None) -> Any:
     """A dataclass field with its doc, flat key (default: the field's name) and range:
-    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`."""
+    ``minimum <= value <= maximum``, ``above < value < below``, or one of `choices`. A dict
+    default is held as a `JsonObject`."""
+    if isinstance(default, dict):
+        default = JsonObject(default)
     metadata = {"doc": doc, "key": key, "minimum": minimum, "maximum": maximum, "above": above,
                 "below": below, "choices": choices}
     return dataclasses.field(default=default, metadata=metadata)
@@ -82,7 +105,13 @@ def _type_hints(cls) -> dict:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+def _is_dict(hint) -> bool:
+    return hint is dict or typing.get_origin(hint) is dict
+
+
 def _describe(hint) -> str:
+    if _is_dict(hint):
+        return "a JSON object"
     if hint is bool:
         return "true or false"
     if hint is int:
@@ -127,6 +156,8 @@ def check(cls, field: dataclasses.Field, value):
         if choices and value not in choices:
             raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(map(str, choices))}")
         return value
+    if _is_dict(hint):
+        return json_object(key, value)
     if typing.get_origin(hint) is tuple:  # hidden widths
         if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value or any(
                 isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
@@ -146,6 +177,37 @@ def check(cls, field: dataclasses.Field, value):
         value = float(value)
     _check_range(key, value, meta, "an integer" if hint is int else "a number")
     return value
+
+
+def json_object(key: str, value) -> JsonObject:
+    """`value` as a dict setting holds it: a mapping of string names to JSON values, copied as
+    JSON reads it back (tuples become lists), else `ConfigError` naming the key and the first
+    value that is not JSON (a NaN, a numpy number, a non-string name ...)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key} must be a JSON object of names to values, e.g. {{\"n\": 3}}, "
+                          f"got {value!r}")
+    bad = _not_json(value)
+    if bad is not None:
+        raise ConfigError(f"{key} must hold JSON values (numbers, strings, true / false, null, "
+                          f"lists, objects) under string names, got {bad[0]} {bad[1]!r}")
+    return JsonObject(json.loads(json.dumps(value)))
+
+
+def _not_json(value) -> Optional[tuple[str, Any]]:
+    """("name" or "value", the first one) that JSON cannot hold exactly in `value`, or None."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ("value", value)
+    if isinstance(value, (list, tuple)):
+        return next((bad for bad in map(_not_json, value) if bad is not None), None)
+    if isinstance(value, dict):
+        for name, item in value.items():
+            bad = ("name", name) if not isinstance(name, str) else _not_json(item)
+            if bad is not None:
+                return bad
+        return None
+    return "value", value
 
 
 def _check_range(key: str, value, meta, kind: str) -> None:
@@ -176,8 +238,10 @@ class TextParser:
         self.hint = hint
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         self.optional = type(None) in typing.get_args(hint)
-        self.kinds = set(args) if args and typing.get_origin(hint) is not tuple else {hint}
+        self.kinds = set(args) if args and typing.get_origin(hint) not in (tuple, dict) \
+            else {hint}
         self.__name__ = ("list of integers" if typing.get_origin(hint) is tuple
+                         else "JSON object" if _is_dict(hint)
                          else "count or fraction" if self.kinds == {int, float}
                          else " or ".join(k.__name__ for k in self.kinds))
 
@@ -189,6 +253,8 @@ class TextParser:
                 return parse_int_list(text)
             except ConfigError as e:  # argparse shows its text after the flag's name
                 raise ListError(str(e)) from None
+        if _is_dict(self.hint):
+            return parse_json_object(text)
         try:
             if self.kinds == {int, float}:
                 return float(text) if any(c in text for c in ".eE") else int(text)
@@ -208,8 +274,21 @@ class TextParser:
 
 
 class ListError(ConfigError, argparse.ArgumentTypeError):
-    """A bad list value of a flag: argparse prints this message after the flag's name (for
-    other types it says only "invalid ... value")."""
+    """A bad list (or JSON object) value of a flag: argparse prints this message after the
+    flag's name (for other types it says only "invalid ... value")."""
+
+
+def parse_json_object(text: str) -> dict:
+    """'{"n": 3}' -> {"n": 3}: the text of a dict setting (a flag's value), JSON that must be
+    an object; the values are `check`'s job."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ListError(f"{text!r} is not JSON ({e.msg} at character {e.pos}); give an object "
+                        "like '{\"n\": 3}'") from None
+    if not isinstance(value, dict):
+        raise ListError(f"{text!r} is not a JSON object; give one like '{{\"n\": 3}}'")
+    return value
 
 
 def split_list(text: str, what: str, example: str = "2,3,4", separator: str = ",",

@@ -1,4 +1,5 @@
-"""Federated datasets: loading, partitioning, caching, and the flat on-device layout."""
+"""Federated datasets: loading, partitioning, caching, and the flat on-device layout; and the
+data users bring (`from_clients`, `from_arrays`, `plant`, `register`)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from mcfl.data import cache, partition
+from mcfl.data import cache, partition, registry
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.federated import FederatedData, FederatedDataset, from_owner, from_splits
 from mcfl.data.leaf import load_leaf
 from mcfl.data.loaders import load_arrays, normalize
 from mcfl.data.partition import dirichlet, iid
-from mcfl.data.settings import DATA_FIELDS, DataSettings
+from mcfl.data.registry import register
+from mcfl.data.settings import DATA_FIELDS, DEFAULT_CLIENTS, DataSettings
 from mcfl.data.spec import Partition, parse_partition
 from mcfl.data.synthetic import generate_synthetic
+from mcfl.data.user import from_arrays, from_clients, plant
 from mcfl.errors import DataError
 
 if TYPE_CHECKING:
@@ -27,8 +30,12 @@ __all__ = [
     "FederatedData",
     "FederatedDataset",
     "LabelledArrays",
+    "from_arrays",
+    "from_clients",
     "from_owner",
     "from_splits",
+    "plant",
+    "register",
     "dirichlet",
     "iid",
     "generate_synthetic",
@@ -101,11 +108,8 @@ def partition_arrays(
     if part.planted is not None:
         true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng)
         row_cluster = np.where(owner >= 0, true_cluster[np.maximum(owner, 0)], 0)
-        if part.planted == "rotated":
-            x_raw = partition.rotate_images(arrays.x, row_cluster, part.clusters)
-        else:
-            perms = partition.label_permutations(part.clusters, arrays.num_classes, rng)
-            y = perms[row_cluster, y]
+        x_raw, y = partition.plant_rows(part.planted, arrays.x, y, row_cluster, part.clusters,
+                                        arrays.num_classes, rng)
     x = normalize(
         LabelledArrays(arrays.name, x_raw, y, arrays.num_classes, arrays.official_train),
         normalization,
@@ -120,6 +124,8 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
     """Build the federated dataset a config names (on the host, then put on the device)."""
     part = partition_of(config)
     seed = data_seed(config)
+    if registry.is_user_dataset(config.dataset):
+        return _user_dataset(config, seed)
     if config.dataset == "synthetic":
         return generate_synthetic(
             config.clients, config.synthetic_alpha, config.synthetic_beta, seed,
@@ -138,10 +144,46 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
     )
 
 
+def _user_dataset(config: RunConfig, seed: int) -> FederatedDataset:
+    """A user's dataset (`registry`): pooled rows (`LabelledArrays`) are split like the
+    built-in arrays, over `clients` (default 100) by the partition; clients already split (a
+    `FederatedDataset`) are used as they are, with planted clusters when the partition names
+    only a planted recipe (`plant`)."""
+    made = registry.build(config.dataset, config.dataset_args)
+    if isinstance(made, LabelledArrays):
+        part = partition_of(config)
+        if part.kind == "natural":
+            raise DataError(f"dataset {config.dataset!r} returns pooled rows (LabelledArrays), "
+                            "which have no natural split: give a --partition such as iid or "
+                            "dirichlet:0.5, or return clients (mcfl.data.from_clients)")
+        return partition_arrays(
+            made, part, config.clients or DEFAULT_CLIENTS, test_fraction_of(config, part),
+            normalization_of(config, part), seed, config.samples_per_client,
+        )
+    what = f"dataset {config.dataset!r} returns its {made.num_clients} clients already split"
+    if config.clients is not None and config.clients != made.num_clients:
+        raise DataError(f"{what}, but clients is {config.clients}: give {made.num_clients} or "
+                        "leave clients out")
+    given = next((key for key in ("samples_per_client", "test_fraction", "normalize")
+                  if getattr(config, key) is not None), None)
+    if given is not None:
+        raise DataError(f"{what}: {given} does not apply to it (set it in its factory)")
+    if config.partition is None:
+        return made
+    part = parse_partition(config.partition)
+    if part.kind == "natural":
+        return made
+    if part.planted is None or "+" in config.partition:
+        raise DataError(f"{what}: its partition may be natural or a planted recipe alone "
+                        f"(rotated:R, permuted:R, label_swap:R), not {config.partition!r}")
+    return plant(made, f"{part.planted}:{part.clusters}", seed)
+
+
 def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None
                    ) -> tuple[RunConfig, Optional[FederatedDataset]]:
     """`config` with its number of clients, and its dataset when that had to be loaded to
-    count them: a natural dataset (leaf) given no `clients` uses all its users."""
+    count them: a natural dataset (leaf) given no `clients` uses all its users, and a user's
+    dataset all the clients its factory split (pooled rows: 100)."""
     if config.clients is not None:
         return config, None
     dataset = load_dataset(config, cache_dir)
@@ -150,8 +192,10 @@ def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None
 
 def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None) -> FederatedDataset:
     """The config's federated dataset, from `cache_dir` when it was built before (and stored
-    there after building when not). Without `cache_dir` nothing is read or written."""
-    if cache_dir is None:
+    there after building when not). Without `cache_dir` nothing is read or written, nor for a
+    user's dataset (`registry`): its factory's code and files are out of the cache's sight, so
+    it is built each time."""
+    if cache_dir is None or registry.is_user_dataset(config.dataset):
         return build_dataset(config)
     settings = {name: getattr(config, name) for name in DATA_FIELDS}
     settings.update(seed=data_seed(config), partition=str(partition_of(config)),

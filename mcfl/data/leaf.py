@@ -1,4 +1,5 @@
-"""LEAF datasets with their natural split into clients (FEMNIST writers, CelebA celebrities, ...).
+"""LEAF datasets with their natural split into clients (FEMNIST writers, CelebA celebrities,
+Shakespeare speaking roles, ...).
 
 LEAF (Caldas et al., 2018, "LEAF: A Benchmark for Federated Settings", arXiv:1812.01097) and the
 FedProx code (Li et al., 2020), which reuses its format for Synthetic(alpha, beta), store a
@@ -8,16 +9,20 @@ dataset as JSON files ``data_dir/train/*.json`` and ``data_dir/test/*.json``, ea
      "num_samples": [154, ...],
      "user_data": {"f0001_41": {"x": [[0.0, 1.0, ...], ...], "y": [4, ...]}, ...}}
 
-``x`` rows are flattened features (784 floats in [0, 1] for FEMNIST, 60 for Synthetic) or, for
-CelebA, image file names under ``raw/img_align_celeba``. A user's train rows come from the train
-files and its test rows from the test files; a user may be spread over several files, and may
-have no test rows (not the reverse). Other keys (LEAF's ``hierarchies``) are ignored.
+``x`` rows are flattened features (784 floats in [0, 1] for FEMNIST, 60 for Synthetic), or
+strings: for CelebA, image file names under ``raw/img_align_celeba`` (strings ending in .jpg,
+.jpeg or .png); for Shakespeare, any other strings: lines of 80 characters, each labelled by the
+next character, read as indices into LEAF's 80-character vocabulary (80 classes; see
+`mcfl.data.leaf_strings`). A user's train rows come from the train files and its test rows
+from the test files; a user may be spread over several files, and may have no test rows (not
+the reverse). Other keys (LEAF's ``hierarchies``) are ignored.
 
 Files are read strictly (UTF-8 JSON, no key twice in an object): ``users`` distinct non-empty
 strings; ``num_samples`` the length of each user's ``x`` and ``y``; ``x`` rows flat lists of
-finite numbers (no string, null or boolean), all of one length; labels ``y`` integers >= 0
-(``1.0``, as LEAF's CelebA preprocessing writes, is 1; a boolean is refused). Anything else is
-a `DataError` naming the file, the user and the value.
+finite numbers (no string, null or boolean), all of one length, or all strings of one kind
+(text rows of one length, of the vocabulary's characters); labels ``y`` integers >= 0 (``1.0``,
+as LEAF's CelebA preprocessing writes, is 1; a boolean is refused), for text single characters.
+Anything else is a `DataError` naming the file, the user and the value.
 
 Files are read one at a time and converted to numpy at once, so the parsed JSON of the whole
 dataset (many times the size of the arrays) is never held in memory together.
@@ -32,12 +37,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from mcfl.data.federated import FederatedDataset, from_splits, split_train_test
+from mcfl.data.leaf_strings import (
+    IMAGES,
+    NUM_LETTERS,
+    TEXT,
+    character_labels,
+    find_image_dir,
+    load_images,
+    row_kind,
+    text_rows,
+)
 from mcfl.errors import DataError
 
-_IMAGE_FOLDER = Path("raw") / "img_align_celeba"
 _KEYS = ("users", "num_samples", "user_data")
 _BOM = b"\xef\xbb\xbf"
 _MAX_LABEL = 65_535  # (a label of 2^31 would size the [clients, classes] label counts at 2^31)
@@ -78,6 +91,7 @@ class _Reader:
     num_classes: Optional[int] = None
     feature_shape: Optional[tuple[int, ...]] = None
     first_block: str = ""
+    kind: str = ""  # of the first block's rows (`leaf_strings.row_kind`)
     image_dir: Optional[Path] = None
 
     def block(self, entry: Any, count: int, user: str, path: Path,
@@ -98,17 +112,22 @@ class _Reader:
                             f"and {len(ys)} labels")
         if count == 0:
             return None
-        y = _labels(ys, where)
+        kind = row_kind(xs[0])
+        if self.kind and kind != self.kind:
+            raise DataError(f"x of {where} holds {kind}, but that of {self.first_block} holds "
+                            f"{self.kind}; every row of a dataset must be of one kind")
+        y = character_labels(ys, where) if kind == TEXT else _labels(ys, where)
         if self.num_classes is not None and y.max() >= self.num_classes:
             raise DataError(f"label {int(y.max())} of {where} is out of range: this dataset "
                             f"has {self.num_classes} classes (0 to {self.num_classes - 1})")
-        x = self._images(xs, where) if isinstance(xs[0], str) else _features(xs, where, booleans)
-        self._check_shape(x, where)
+        x = (text_rows(xs, where) if kind == TEXT else self._images(xs, where) if kind == IMAGES
+             else _features(xs, where, booleans))
+        self._check_shape(x, where, kind)
         return x, y
 
-    def _check_shape(self, x: np.ndarray, where: str) -> None:
+    def _check_shape(self, x: np.ndarray, where: str, kind: str) -> None:
         if self.feature_shape is None:
-            self.feature_shape, self.first_block = x.shape[1:], where
+            self.feature_shape, self.first_block, self.kind = x.shape[1:], where, kind
         elif x.shape[1:] != self.feature_shape:
             raise DataError(f"x rows of {where} have shape {x.shape[1:]}, but those of "
                             f"{self.first_block} have shape {self.feature_shape}; every row must "
@@ -118,8 +137,8 @@ class _Reader:
         if not all(isinstance(name, str) for name in names):
             raise DataError(f"x of {where} mixes image file names with other values")
         if self.image_dir is None:
-            self.image_dir = _find_image_dir(self.root, where)
-        return _load_images([self.image_dir / name for name in names], self.image_size)
+            self.image_dir = find_image_dir(self.root, where)
+        return load_images([self.image_dir / name for name in names], self.image_size)
 
 
 def load_leaf(
@@ -135,11 +154,12 @@ def load_leaf(
 
     Users are numbered in the order they first appear in the train files (files sorted by name,
     users in listed order); `num_clients` keeps the first that many (None: all). `num_classes`
-    defaults to the largest label + 1. Image rows (CelebA) are resized to `image_size` squared
-    RGB, float32 in [0, 1]. The files' own train / test split is kept unless `test_fraction`
-    is given: then each user's rows of both are pooled and split again, that share of them
-    for testing (the FeSEM paper's 80 / 20 per device; LEAF's preprocessing writes 90 / 10 by
-    default), drawn with `seed` (`mcfl.data.federated.split_train_test`).
+    defaults to the largest label + 1 (80 for text rows, LEAF Shakespeare's vocabulary). Image
+    rows (CelebA) are resized to `image_size` squared RGB, float32 in [0, 1]. The files' own
+    train / test split is kept unless `test_fraction` is given: then each user's rows of both
+    are pooled and split again, that share of them for testing (the FeSEM paper's 80 / 20 per
+    device; LEAF's preprocessing writes 90 / 10 by default), drawn with `seed`
+    (`mcfl.data.federated.split_train_test`).
     """
     root = Path(data_dir).expanduser()
     if not root.is_dir():
@@ -158,7 +178,8 @@ def load_leaf(
     x_test, y_test, owner_test = test.arrays(feature_shape)
     _check_every_client_trains(owner_train, chosen, root / "train")
     if num_classes is None:
-        num_classes = int(max(y_train.max(), y_test.max(initial=-1))) + 1
+        num_classes = NUM_LETTERS if reader.kind == TEXT else int(
+            max(y_train.max(), y_test.max(initial=-1))) + 1
     if test_fraction is not None:
         x = np.concatenate([x_train, x_test])
         y = np.concatenate([y_train, y_test])
@@ -362,32 +383,6 @@ def _features(rows: list, where: str, booleans: bool = True) -> np.ndarray:
         raise DataError(f"x of {where} holds {what} (row {row}: {x[row, col]:g}); features "
                         "must be finite numbers of magnitude below 3.4e38")
     return x.astype(np.float32)
-
-
-def _find_image_dir(root: Path, where: str) -> Path:
-    candidates = (root / _IMAGE_FOLDER, root.parent / _IMAGE_FOLDER)
-    for folder in candidates:
-        if folder.is_dir():
-            return folder
-    raise DataError(f"x of {where} names image files, but no image folder exists (looked for "
-                    f"{candidates[0]} and {candidates[1]})")
-
-
-def _load_images(paths: list[Path], image_size: int) -> np.ndarray:
-    """RGB images resized to image_size x image_size, float32 in [0, 1], [N, S, S, 3]."""
-    images = np.empty((len(paths), image_size, image_size, 3), np.float32)
-    for i, path in enumerate(paths):
-        try:
-            with Image.open(path) as image:
-                rgb = image.convert("RGB").resize((image_size, image_size),
-                                                  Image.Resampling.BILINEAR)
-        except FileNotFoundError:
-            raise DataError(f"image file {path} does not exist") from None
-        except (UnidentifiedImageError, OSError) as err:
-            raise DataError(f"image file {path} cannot be read: {err}") from None
-        images[i] = np.asarray(rgb, np.float32)
-    images /= 255.0
-    return images
 
 
 def _check_every_client_trains(owner_train: np.ndarray, users: list[str], folder: Path) -> None:

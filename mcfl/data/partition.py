@@ -214,7 +214,7 @@ def ditto_fmnist(
 
 # ----------------------------------------------------------------------------------------------
 # Planted clusters (IFCA, Ghosh et al. 2020): each client carries one of R transformations,
-# whose index is its true cluster id.
+# whose index is its true cluster id: rotated images, permuted labels or swapped label pairs.
 
 
 def cap_rows(owner: np.ndarray, per_client: int, rng: np.random.Generator) -> np.ndarray:
@@ -274,3 +274,61 @@ def label_permutations(num_clusters: int, num_classes: int, rng: np.random.Gener
         if not any(np.array_equal(p, q) for q in perms):
             perms.append(p)
     return np.stack(perms)
+
+
+def label_swaps(num_clusters: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
+    """[R, K] label maps of ``label_swap:R``: label shift by swapping pairs of labels, the
+    concept shift of recent clustered-FL benchmarks (FedRC, Guo et al., ICML 2024; CFL-GP, ICML
+    2024); the pairing below is mcfl's.
+
+    Cluster 0 keeps every label (row 0 is the identity). Each other cluster r draws an order of
+    the K labels, ``p = rng.permutation(K)``, and exchanges the labels of consecutive pairs,
+    ``p[0] <-> p[1], p[2] <-> p[3], ...``: floor(K/2) disjoint pairs (with K odd, ``p[K-1]``
+    keeps its label). A map equal to an earlier cluster's is drawn again, so the R maps differ;
+    K labels allow (K-1)!! pairings for K even and K!! for K odd, so R - 1 may not exceed that.
+    Each map is its own inverse: map[r][map[r][k]] == k.
+    """
+    available = _pairings(num_classes, limit=num_clusters)
+    if num_clusters - 1 > available:
+        raise DataError(
+            f"label_swap:{num_clusters} needs {num_clusters - 1} distinct pairings of "
+            f"{num_classes} labels besides the identity; there are only {available}"
+        )
+    maps = [np.arange(num_classes)]
+    seen = {maps[0].tobytes()}
+    while len(maps) < num_clusters:  # redraws only on a repeat: rare unless K is tiny
+        order = rng.permutation(num_classes)
+        pairs = order[: num_classes - num_classes % 2].reshape(-1, 2)
+        swapped = np.arange(num_classes)
+        swapped[pairs[:, 0]], swapped[pairs[:, 1]] = pairs[:, 1], pairs[:, 0]
+        if swapped.tobytes() not in seen:
+            seen.add(swapped.tobytes())
+            maps.append(swapped)
+    return np.stack(maps)
+
+
+def _pairings(num_classes: int, limit: int) -> int:
+    """How many ways K labels split into floor(K/2) disjoint pairs ((K-1)!! for K even, K!!
+    for K odd; 0 for K = 1, whose only pairing, none, is the identity), counted up to
+    `limit`."""
+    if num_classes < 2:
+        return 0
+    count = 1
+    for factor in range(num_classes - 1 if num_classes % 2 == 0 else num_classes, 1, -2):
+        count *= factor
+        if count >= limit:
+            return count
+    return count
+
+
+def plant_rows(planted: str, x: np.ndarray, y: np.ndarray, row_cluster: np.ndarray,
+               num_clusters: int, num_classes: int, rng: np.random.Generator
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) with each row transformed by its cluster `row_cluster`: ``rotated`` turns the
+    images (`rotate_images`), ``permuted`` and ``label_swap`` map the labels
+    (`label_permutations`, `label_swaps`)."""
+    if planted == "rotated":
+        return rotate_images(x, row_cluster, num_clusters), y
+    draw = label_permutations if planted == "permuted" else label_swaps
+    maps = draw(num_clusters, num_classes, rng)
+    return x, maps[row_cluster, y]

@@ -7,12 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from mcfl.data import registry
 from mcfl.data.spec import parse_partition
 from mcfl.errors import ConfigError, choice_error
 from mcfl.settings import INT64_MAX, setting
 
-DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "leaf", "tfds:NAME")
-TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
+DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "cifar10", "cifar100", "leaf",
+            "tfds:NAME")
+TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
 NATURAL = ("synthetic", "leaf")  # datasets split by their own users
 DEFAULT_CLIENTS = 100  # clients of a dataset that is not split by its users
@@ -22,10 +24,14 @@ DEFAULT_CLIENTS = 100  # clients of a dataset that is not split by its users
 class DataSettings:
     """The clients' data: which dataset, over how many clients, split how."""
 
-    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | leaf | "
-                           "tfds:NAME")
+    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | cifar10 "
+                           "| cifar100 | leaf | tfds:NAME | a registered name | "
+                           "module.path:factory (mcfl.data.registry)")
+    dataset_args: dict = setting({}, "keyword arguments of a registered or import-path "
+                                 "dataset's factory, a JSON object: '{\"n\": 3}'")
     clients: Optional[int] = setting(None, "number of clients (default: all the users of a "
-                                     "natural dataset (leaf), else 100)", minimum=1)
+                                     "natural dataset (leaf) and all the clients a user's "
+                                     "factory split, else 100)", minimum=1)
     data_seed: Optional[int] = setting(None, "seed of the dataset (default: --seed)", minimum=0,
                                        maximum=INT64_MAX)
     data_dir: Optional[str] = setting(None, "folder holding the dataset's files")
@@ -33,8 +39,8 @@ class DataSettings:
                              "default)")
     partition: Optional[str] = setting(
         None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
-        "rotated:R | permuted:R (joinable: rotated:4+dirichlet:0.5); default: natural for "
-        "synthetic and leaf, else iid")
+        "rotated:R | permuted:R | label_swap:R (joinable: rotated:4+dirichlet:0.5); default: "
+        "natural for synthetic and leaf, else iid")
     samples_per_client: Optional[int] = setting(
         None, "split datasets: keep at most this many rows (train + test) of each client, "
         "drawn at random (IFCA's n); default all", minimum=1)
@@ -56,14 +62,31 @@ DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)
                     if f.name not in ("data_seed", "download"))
 
 
+def counts_own_clients(dataset: str) -> bool:
+    """Whether `dataset` may know its clients before `clients` is set: leaf (its users) and a
+    user's dataset (`registry`), whose factory may return clients already split."""
+    return dataset == "leaf" or registry.is_user_dataset(dataset)
+
+
 def check_data(data: DataSettings) -> None:
-    """The checks across the data settings: a known dataset, a partition it can take."""
+    """The checks across the data settings: a known dataset (built in, tfds:NAME, registered,
+    or an import path that imports), a partition it can take."""
+    user = registry.is_user_dataset(data.dataset)
+    if user and data.dataset in DATASETS:
+        raise ConfigError(f"dataset {data.dataset!r} is built in and also registered; register "
+                          "yours under another name")
     if data.dataset.startswith("tfds:"):
         base = data.dataset[len("tfds:"):].split("/")[0]
         if base not in TFDS_NAMES:
             raise choice_error("tfds dataset", base, TFDS_NAMES)
+    elif user:
+        registry.resolve(data.dataset)
     elif data.dataset not in DATASETS:
-        raise choice_error("dataset", data.dataset, DATASETS)
+        raise choice_error("dataset", data.dataset,
+                           DATASETS + registry.names() + ("module.path:factory",))
+    if data.dataset_args and not user:
+        raise ConfigError(f"dataset_args apply to a registered dataset or an import path "
+                          f"(module.path:factory), not {data.dataset!r}")
     if data.partition is not None:
         part = parse_partition(data.partition)
         natural_only = data.dataset in NATURAL
@@ -72,10 +95,10 @@ def check_data(data: DataSettings) -> None:
                 f"dataset {data.dataset!r} comes split by its own users: its partition is "
                 f"'natural', not {data.partition!r}"
             )
-        if not natural_only and part.kind == "natural":
+        if not natural_only and not user and part.kind == "natural":
             raise ConfigError(
-                f"partition 'natural' needs per-user data (dataset synthetic or leaf), "
-                f"not {data.dataset!r}"
+                f"partition 'natural' needs per-user data (dataset synthetic, leaf or a "
+                f"user's factory), not {data.dataset!r}"
             )
     if data.samples_per_client is not None and data.dataset in NATURAL:
         raise ConfigError(f"samples_per_client applies to datasets split over clients, not "

@@ -1,6 +1,7 @@
 """`--partition` spec strings: ``iid``, ``dirichlet:ALPHA``, ``shards:C``, ``fedprox-mnist``,
-``ditto-fmnist``, ``natural``, and planted clusters ``rotated:R`` / ``permuted:R``, optionally on
-top of a label partition (``rotated:4+dirichlet:0.5``; alone, planted clusters split IID)."""
+``ditto-fmnist``, ``natural``, and planted clusters ``rotated:R`` / ``permuted:R`` /
+``label_swap:R``, optionally on top of a label partition (``rotated:4+dirichlet:0.5``; alone,
+planted clusters split IID)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ from typing import NamedTuple, Optional
 from mcfl.errors import ConfigError
 
 BASE_KINDS = ("iid", "dirichlet", "shards", "fedprox-mnist", "ditto-fmnist", "natural")
-PLANTED_KINDS = ("rotated", "permuted")
-_TAKES_ARG = {"dirichlet": float, "shards": int, "rotated": int, "permuted": int}
+PLANTED_KINDS = ("rotated", "permuted", "label_swap")
+_TAKES_ARG = {"dirichlet": float, "shards": int, "rotated": int, "permuted": int,
+              "label_swap": int}
 ALLOWED = "iid, dirichlet:ALPHA, shards:C, fedprox-mnist, ditto-fmnist, natural, rotated:R, " \
-    "permuted:R (a planted one may be joined to a label one with +, e.g. rotated:4+dirichlet:0.5)"
+    "permuted:R, label_swap:R (a planted one may be joined to a label one with +, e.g. " \
+    "rotated:4+dirichlet:0.5)"
 
 
 class Partition(NamedTuple):
     kind: str  # one of BASE_KINDS
     arg: Optional[float] = None  # alpha for dirichlet, classes per client for shards
-    planted: Optional[str] = None  # "rotated" or "permuted"
+    planted: Optional[str] = None  # one of PLANTED_KINDS
     clusters: int = 0  # R
 
     def __str__(self) -> str:
@@ -56,8 +59,8 @@ def parse_partition(spec: str) -> Partition:
     base = [p for p in parts if p[0] in BASE_KINDS]
     if len(planted) > 1 or len(base) > 1:
         raise ConfigError(
-            f"partition {spec!r} may join at most one planted (rotated/permuted) and one label "
-            "partition"
+            f"partition {spec!r} may join at most one planted (rotated/permuted/label_swap) "
+            "and one label partition"
         )
     kind, arg = base[0] if base else ("iid", None)
     if planted:

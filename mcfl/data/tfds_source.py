@@ -18,7 +18,7 @@ from PIL import Image
 from mcfl.data.arrays import LabelledArrays
 from mcfl.errors import DataError
 
-TFDS_DATASETS = ("mnist", "fashion_mnist", "emnist", "cifar10", "celeb_a")
+TFDS_DATASETS = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "celeb_a")
 
 _BATCH = 1024  # examples per read: few Python calls, bounded memory per batch
 _SPLITS = {"celeb_a": ("train", "validation", "test")}
@@ -30,9 +30,10 @@ def load_tfds(
 ) -> LabelledArrays:
     """All official splits of a TFDS dataset, pooled: uint8 images [N, H, W, C] and int labels.
 
-    `name` may name a builder config ("emnist/letters"). Labels are the ``label`` feature, except
-    for celeb_a whose label is whether the person smiles (0/1) and whose images are resized to
-    `image_size` squared. Nothing is downloaded unless `download` is true.
+    `name` may name a builder config ("emnist/letters"). Labels are the ``label`` feature (for
+    cifar100 the fine label, 100 classes, not ``coarse_label``), except for celeb_a whose label
+    is whether the person smiles (0/1) and whose images are resized to `image_size` squared.
+    Nothing is downloaded unless `download` is true.
     """
     base = _base_name(name)
     tfds = _import_tfds()
