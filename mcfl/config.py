@@ -25,14 +25,16 @@ import tomllib
 
 from mcfl import settings
 from mcfl.algorithms import registry
-from mcfl.data.settings import DEFAULT_CLIENTS, DataSettings, check_data
+from mcfl.data.settings import DEFAULT_CLIENTS, DataSettings, check_data, counts_own_clients
 from mcfl.errors import ConfigError
+from mcfl.models.build import check_model_name
 from mcfl.sampling import resolve_clients_per_round
 from mcfl.settings import INT64_MAX, Static, setting
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
-MODELS = ("mclr", "mlp", "cnn-fmnist", "cnn-leaf", "cnn-celeba")
+NORM_STATES = ("global", "local")
+FAST_PATHS = ("auto", "off")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 SCORES = ("mcfl", "paper")
@@ -43,10 +45,14 @@ CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.algorithms.schedul
 class ModelSettings:
     """The network every client trains."""
 
-    model: str = setting("mclr", "mclr | mlp (widths: --hidden) | cnn-fmnist (FlexCFL's "
-                         "FashionMNIST CNN) | cnn-leaf (LEAF's FEMNIST CNN) | cnn-celeba (LEAF's "
-                         "CelebA CNN without its batch normalisation)", choices=MODELS)
+    model: str = setting("mclr", "a registered model (mclr, mlp, cnn-fmnist, cnn-leaf, "
+                         "cnn-celeba, the zoo: mcfl models lists them) or a factory's import path "
+                         "module.path:Factory")
+    model_args: dict = setting({}, "keyword arguments of the model's factory, a JSON object "
+                               "(e.g. {\"width\": 32})")
     hidden: tuple[int, ...] = setting((200, 200), "MLP hidden widths, e.g. 200,200")
+    bn: str = setting("global", "batch-norm statistics and layers: global (aggregated with the "
+                      "parameters) | local (kept by each client: FedBN)", choices=NORM_STATES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +123,9 @@ class ExecutionSettings:
     low_rank: str = setting("auto", "train dense layers with factored weight changes "
                             "(mcfl.engine.lowrank): auto (when faster) | on | off",
                             choices=LOW_RANK)
+    fast_paths: str = setting("auto", "auto: the factored dense paths and convolution as "
+                              "matmul wherever they are exact, also on a user's model | off: "
+                              "the generic vmapped path", choices=FAST_PATHS)
     conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, 20x "
                         "faster on CPU) | xla (flax Conv) | auto (matmul on CPU, xla on GPU / "
                         "TPU)", choices=CONVS)
@@ -177,8 +186,8 @@ class RunConfig:
             object.__setattr__(self, f.name, settings.check(RunConfig, f, value))
         for name, cls in GROUPS.items():
             object.__setattr__(self, name, _group(name, cls, values))
-        if self.clients is None and self.dataset != "leaf":
-            # Only a natural dataset knows its users; the others are split over 100 clients.
+        if self.clients is None and not counts_own_clients(self.dataset):
+            # Only leaf and a user's factory know their clients; the others are split over 100.
             object.__setattr__(self, "data", dataclasses.replace(self.data,
                                                                  clients=DEFAULT_CLIENTS))
         if self.data_dir is not None:  # "~/data" in a config file means what a shell means
@@ -306,6 +315,7 @@ def _shown(value) -> str:
 
 def _validate(c: RunConfig) -> None:
     check_data(c.data)
+    check_model_name(c.model)
     if c.low_rank == "on" and (c.client_optimizer != "sgd" or c.weight_decay != 0):
         raise ConfigError(
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "

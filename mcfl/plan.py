@@ -18,6 +18,7 @@ from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.errors import ConfigError, DataError
 from mcfl.models import count_params, make_model
+from mcfl.models.build import model_of
 from mcfl.sampling import resolve_clients_per_round
 
 
@@ -39,9 +40,10 @@ class RunPlan(NamedTuple):
         return min(self.block_size, self.clients_per_round)
 
 
-def plan_run(config: RunConfig, dataset: FederatedDataset) -> RunPlan:
+def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) -> RunPlan:
     """The plan of `config` on `dataset` (a dataset without test rows is refused: runs are
-    scored on them)."""
+    scored on them), training `model` (a flax module, factory or `ModelSpec`) when given, else
+    the config's."""
     if int(dataset.test_counts().sum()) == 0:
         where = ("its test/*.json files list none of them, or give --test-fraction to split "
                  "their rows" if config.dataset == "leaf" else
@@ -50,8 +52,9 @@ def plan_run(config: RunConfig, dataset: FederatedDataset) -> RunPlan:
         raise DataError(f"the dataset {dataset.name!r} has no test rows for its "
                         f"{dataset.num_clients} client(s); runs are scored on test rows: "
                         f"{where}")
-    model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden,
-                       config.conv)
+    model = make_model(model_of(config.model, model), dataset.feature_shape,
+                       dataset.num_classes, config.hidden, config.conv,
+                       model_args=config.model_args, fast_paths=config.fast_paths)
     init_key = jax.random.key(0)  # shapes only
     params_count = count_params(jax.eval_shape(model.init, init_key))
     per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)

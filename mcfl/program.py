@@ -263,8 +263,9 @@ def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] 
     kept, with the executables they compiled."""
     settings = tuple(sorted((k, repr(v)) for k, v in config.to_dict().items()
                             if k not in ("seed", "data_seed")))
-    key = (settings, signature(data), tuple(traced), members, mesh, width, repr(jit_options),
-           build_algorithm)  # (a replaced builder, in tests, builds other programs)
+    # (a replaced builder, in tests, builds other programs)
+    key = (settings, _module_key(plan.model.module), signature(data), tuple(traced), members,
+           mesh, width, repr(jit_options), build_algorithm)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
@@ -273,6 +274,16 @@ def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] 
     while len(_PROGRAMS) > PROGRAMS_KEPT:
         _PROGRAMS.popitem(last=False)
     return program
+
+
+def _module_key(module) -> Any:
+    """A model's module as a cache key: equal modules (same class and fields) share programs;
+    one with unhashable fields only itself."""
+    try:
+        hash(module)
+        return module
+    except TypeError:
+        return id(module)
 
 
 def forget_programs() -> None:

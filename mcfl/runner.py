@@ -31,7 +31,8 @@ from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.embedding import client_embedding
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.loop import LoopHooks, client_scores, run_rounds
-from mcfl.plan import client_mesh, plan_run, run_keys
+from mcfl.models.build import model_label
+from mcfl.plan import RunPlan, client_mesh, plan_run, run_keys
 from mcfl.program import RoundProgram, round_program
 from mcfl.records import MemberRecord
 from mcfl.resume import restore, resume_settings, resumed_config
@@ -92,6 +93,7 @@ def run(
     overwrite: bool = False,
     resume: Optional[str | Path] = None,
     checkpoint_every: Optional[int] = None,
+    model: Any = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
     `mcfl.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
@@ -106,6 +108,11 @@ def run(
     run.json (`config`, if given, must equal its config; `checkpoint_every` defaults to the
     run's), writing to RUN_DIR; its rounds and summary equal the uninterrupted run's apart from
     timings (`mcfl.resume`).
+
+    `model` trains a model of the user's instead of ``config.model``: a flax module whose
+    ``__call__(x)`` returns logits, a factory ``(feature_shape, num_classes, **args) ->
+    module``, or a `mcfl.models.ModelSpec` (`mcfl.models.make_model`); the run's config then
+    records it as ``"python:NAME"``, and resuming it needs the same `model` again.
 
     `progress(round, row)` is called after every round with that round's metrics; `observers`
     hear about every round and the end (`RunObserver`). A prepared
@@ -123,6 +130,8 @@ def run(
             checkpoint_every = settings.get("checkpoint_every")
     elif config is None:
         raise ConfigError("run() needs a config, or resume=RUN_DIR to continue a stopped run")
+    if model is not None:
+        config = config.replace(model=model_label(model))
     check_every(checkpoint_every)
     mesh = client_mesh(config.devices)
     writes = out_dir is not None and distributed.is_leader()
@@ -139,6 +148,8 @@ def run(
         config = config.replace(clients=dataset.num_clients)
     if dataset is None:
         dataset = load_dataset(config, cache_dir)
+    check_clients(config, dataset)
+    plan = plan_run(config, dataset, model)  # a model that does not fit the data: refused here
     # The data are ready: now the folder is made (or, replacing a run, its staging sibling).
     target = RunTarget(Path(out_dir)) if writes and resume is None else None
     folder = target.folder if target is not None else out_dir and Path(out_dir)
@@ -167,7 +178,7 @@ def run(
         output = _Output(checkpoints, commit, replacing=target is not None and target.pending)
         try:
             return _run(config, dataset, started, observers, profile_dir, mesh, output,
-                        None if resume is None else Path(resume))
+                        None if resume is None else Path(resume), plan)
         except BaseException as stop:
             replacing = target is not None and target.pending
             if target is not None:
@@ -236,6 +247,14 @@ class _RunHooks(LoopHooks):
             self.tracing = False
 
 
+def check_clients(config: RunConfig, dataset: FederatedDataset) -> None:
+    if dataset.num_clients != config.clients:
+        raise ConfigError(
+            f"the dataset passed has {dataset.num_clients} clients but the config says "
+            f"clients={config.clients}; build it from the same config"
+        )
+
+
 def _run(
     config: RunConfig,
     dataset: FederatedDataset,
@@ -245,15 +264,12 @@ def _run(
     mesh: Optional[jax.sharding.Mesh] = None,
     output: Optional[_Output] = None,
     resume_dir: Optional[Path] = None,
+    plan: Optional[RunPlan] = None,
 ) -> RunResult:
-    if dataset.num_clients != config.clients:
-        raise ConfigError(
-            f"the dataset passed has {dataset.num_clients} clients but the config says "
-            f"clients={config.clients}; build it from the same config"
-        )
+    check_clients(config, dataset)
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
-    program = round_program(config, plan_run(config, dataset), data,
+    program = round_program(config, plan or plan_run(config, dataset), data,
                             jit_options=distributed.replicated_outputs(mesh))
     plan = program.plan
     compiled_before = program.compile_seconds  # (a kept program has compiled already)

@@ -26,11 +26,12 @@ from mcfl.runner import run
 
 def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, rounds: int = 3,
              tolerance: float = 0.005, dataset: Optional[FederatedDataset] = None,
-             progress: Optional[Callable[[dict], None]] = None) -> dict[str, Any]:
+             progress: Optional[Callable[[dict], None]] = None, model: Any = None
+             ) -> dict[str, Any]:
     """Each candidate K of ``config.algorithm`` (a clustered one) for `rounds` rounds on
     `sample` clients drawn with the config's seed. Returns {"rows": one dict per K (final
     accuracy micro / macro, intra-cluster distance, seconds), "recommended": K,
-    "clients": the sampled client ids}."""
+    "clients": the sampled client ids}. `model`: a user's model, as in `mcfl.run`."""
     if not config.clustered:
         raise ConfigError(f"select-k needs a clustered algorithm, not {config.algorithm!r}")
     candidates = sorted(set(candidates))
@@ -49,7 +50,7 @@ def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, ro
     for k in candidates:
         trial = config.replace(clusters=k, clients=size, rounds=rounds, eval_every=rounds,
                                embed_clients=0)
-        summary = run(trial, dataset=subset).summary
+        summary = run(trial, dataset=subset, model=model).summary
         row = {"k": k, "accuracy_micro": summary["final_accuracy_micro"],
                "accuracy_macro": summary["final_accuracy_macro"],
                "intra_cluster_distance": summary.get("intra_cluster_distance"),

@@ -26,6 +26,7 @@ from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl import settings
 from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
@@ -69,6 +70,8 @@ def local_training(config: RunConfig, model: ModelSpec,
         dense_layers=model.dense_layers,
         low_rank=config.low_rank,
         factored=model.factored,
+        train_apply=model.train_apply,
+        collections=model.collections,
     )
 
 
@@ -95,5 +98,7 @@ def build_algorithm(config: RunConfig, model: ModelSpec,
     clients its schedule names. Built once; its hyperparameters come with each call
     (`hyperparams`)."""
     algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round))
+    if config.bn == "local":
+        algorithm = with_local_norm(algorithm, model.collections)
     shifted = with_shift(algorithm, config.shift, config.shift_interval)
     return with_schedule(shifted, config.client_sampling, clients_per_round)

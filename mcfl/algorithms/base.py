@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.engine import ClientStats, LocalTraining
+from mcfl.errors import ConfigError
 
 State = Any
 
@@ -51,9 +52,25 @@ class FederatedAlgorithm(NamedTuple):
     view: Optional[Callable[[State, Any], Any]] = None
 
 
+def refuse_mutable_state(model, algorithm: str) -> None:
+    """Algorithms that step the global model by the clients' gradients (FedSGD, FedDANE) take
+    them in evaluation mode, where batch-norm statistics would be trained as parameters: a model
+    with mutable collections is refused in one line."""
+    if model.collections:
+        raise ConfigError(f"{algorithm} steps the global model by the clients' gradients, which "
+                          f"would train the model's {', '.join(model.collections)} as "
+                          f"parameters; use a model without batch norm (GroupNorm, LayerNorm) "
+                          f"or an algorithm whose clients train locally")
+
+
 def stack(params, count: int = 1):
     """A stacked pytree [count, ...] of `count` copies of `params`."""
     return jax.tree.map(lambda p: jnp.broadcast_to(p, (count,) + p.shape), params)
+
+
+# The metric under which a round hands its clients' trained local parts (FedBN) to
+# `mcfl.algorithms.local_norm`, which removes it before the metrics go anywhere.
+CLIENT_LOCAL = "client_local"
 
 
 def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Array]:
@@ -61,7 +78,8 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
     and FlexCFL's discrepancy (Eq. 3: the mean over sampled clients of ||W_i - W_t||, with W_t
     the model the client started the round from)."""
     w = weights.astype(jnp.float32)
-    return {
+    local = {} if stats.local is None else {CLIENT_LOCAL: (stats.client, stats.local)}
+    return local | {
         "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
         "discrepancy": jnp.mean(stats.update_norm),
         "local_steps": jnp.mean(stats.steps.astype(jnp.float32)),

@@ -21,7 +21,12 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    FederatedAlgorithm,
+    refuse_mutable_state,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.data.federated import FederatedData
@@ -71,6 +76,7 @@ class FedDANEParams:
           summary="clients send full gradients; each then minimises F_k(W) + <g - grad F_k(W_t), "
           "W> + (mu/2)‖W − W_t‖² by local SGD; the server averages (two exchanges a round)")
 def feddane(context: AlgorithmContext) -> FederatedAlgorithm:
+    refuse_mutable_state(context.model, "feddane")
     model = context.model
 
     def init(data, key, hp):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack
+from mcfl.algorithms.base import FederatedAlgorithm, refuse_mutable_state, stack
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
@@ -71,6 +71,7 @@ class FedSGDState(flax.struct.PyTreeNode):
           summary="each sampled client computes its full-batch gradient; the server averages "
           "them (weighted by n_i) and takes one SGD step of size --lr")
 def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> FederatedAlgorithm:
+    refuse_mutable_state(context.model, "fedsgd")
     """FedSGD with the server optimizer ``optax.sgd(lr)``, lr the run's one learning rate
     (``hp.training.lr``). Each client's gradient is accumulated over chunks of `chunk` rows, so
     any client size fits in memory."""

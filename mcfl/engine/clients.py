@@ -33,6 +33,7 @@ from mcfl.engine.training import (
     local_train_factored,
     squared_distance,
 )
+from mcfl.models.spec import local_part, with_local_part
 
 
 class RoundClients(NamedTuple):
@@ -77,6 +78,9 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
     `capacity`, the model's large layer is kept factored (`local_train_factored`)."""
     def one_client(inp, loop_length, alone):
         start = jax.tree.map(lambda m: m[inp["start"]], start_models)
+        if training.client_state is not None:  # FedBN: the client's own norm layers
+            start = with_local_part(
+                start, jax.tree.map(lambda m: m[inp["client"]], training.client_state))
         if capacity is None:
             trained, loss_sum, taken = local_train(
                 training, data, key, start, start, inp["client"], inp["steps"], loop_length,
@@ -93,6 +97,9 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
             update_norm=jnp.sqrt(squared_distance(trained, start)),
             sq_norm=sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(trained)),
         )
+        if training.client_state is not None:
+            stats = stats._replace(client=inp["client"],
+                                   local=local_part(trained, training.collections))
         return trained, stats
 
     train_block = by_length(one_client, "steps")  # blocks of one: the CNN's case, 23% faster
@@ -118,10 +125,11 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     layers = training.dense_layers
     if layers is None and training.factored is not None:
         layers = (training.factored.name,)
-    if not training.plain_sgd or layers is None:
+    if not training.plain_sgd or layers is None or training.train_apply is not None:
         if training.low_rank == "on":
-            raise ValueError("the low-rank path needs plain SGD on a dense (mclr / mlp) model "
-                             "or a CNN")
+            raise ValueError("the low-rank path needs plain SGD on a dense ReLU stack or a "
+                             "model with one large dense layer (the CNNs), without a train "
+                             "mode (dropout, batch norm)")
         return None
     if training.local_steps is not None:
         capacity = training.local_steps

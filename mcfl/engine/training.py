@@ -18,6 +18,7 @@ import optax
 
 from mcfl.data.federated import FederatedData
 from mcfl.engine.batch_rule import step_rows
+from mcfl.models.spec import trainable_part, with_trainable_part
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -58,6 +59,15 @@ class LocalTraining(flax.struct.PyTreeNode):
                                                                 default=None)
     low_rank: str = flax.struct.field(pytree_node=False, default="auto")  # auto, on, off
     factored: Optional[Any] = flax.struct.field(pytree_node=False, default=None)
+    # A stateful model (dropout, batch norm; `mcfl.models.spec`): the training-step forward
+    # (model, x, key) -> (logits, model) and the model's mutable collections. Gradients then
+    # train the model's "params" only.
+    train_apply: Optional[Callable] = flax.struct.field(pytree_node=False, default=None)
+    collections: tuple[str, ...] = flax.struct.field(pytree_node=False, default=())
+    # FedBN (`--bn local`): every client's own normalisation layers, a flat dict path -> [C,
+    # ...] (`mcfl.models.spec.local_part`), put into its start model before it trains; None:
+    # the start model as it is.
+    client_state: Any = None
 
     def transform(self) -> optax.GradientTransformation:
         """The clients' optax optimizer (weight decay as an L2 gradient term before it)."""
@@ -90,6 +100,9 @@ class ClientStats(NamedTuple):
     steps: jax.Array  # local steps actually taken
     update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
     sq_norm: jax.Array  # ||W_i(after)||^2, for intra-cluster distances of streamed M-steps
+    # With `LocalTraining.client_state` (FedBN): the client ids and their trained local parts.
+    client: Any = None
+    local: Any = None
 
 
 
@@ -143,6 +156,9 @@ def local_train(
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
     """
+    if training.train_apply is not None:
+        return _local_train_stateful(training, data, key, params, anchor, client, num_steps,
+                                     loop_length, prox_scale, masked, correction)
     batch = training.batch_size
     optimizer = training.transform()
 
@@ -173,6 +189,56 @@ def local_train(
     init = (params, optimizer.init(params), jnp.zeros((), jnp.float32), zero)
     params, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
     return params, loss_sum, taken
+
+
+def dropout_key(round_key: jax.Array, client, step) -> jax.Array:
+    """The dropout key of local step `step` of client `client` (distinct per client and step,
+    and from the batch order's keys)."""
+    salted = jax.random.fold_in(round_key, 0x64726F70)  # "drop"
+    return jax.random.fold_in(jax.random.fold_in(salted, client), step)
+
+
+def _local_train_stateful(training, data, key, model, anchor, client, num_steps, loop_length,
+                          prox_scale, masked, correction):
+    """`local_train` for a model with a train mode (dropout) or mutable collections (batch
+    norm): each step runs ``training.train_apply`` with a per-client, per-step dropout key;
+    gradients (and the optimizer, the proximal term, a correction) act on ``params`` only, and
+    the step's updated collections replace the old ones."""
+    batch, collections = training.batch_size, training.collections
+    optimizer = training.transform()
+    anchor_params = trainable_part(anchor, collections)
+
+    def objective(p, rest, xb, yb, mask, step_key):
+        logits, updated = training.train_apply(with_trainable_part(rest, p, collections), xb,
+                                               step_key)
+        loss = masked_cross_entropy(logits, yb, mask)
+        total = loss
+        if training.mu is not None:
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor_params)
+        return total, (loss, updated)
+
+    def step(s, carry):
+        m, opt_state, loss_sum, taken = carry
+        rows, mask = step_rows(key, data, client, s, batch)
+        p = trainable_part(m, collections)
+        (_, (loss, updated)), grads = jax.value_and_grad(objective, has_aux=True)(
+            p, m, data.x_train[rows], data.y_train[rows], mask, dropout_key(key, client, s))
+        if correction is not None:
+            grads = jax.tree.map(jnp.add, grads, trainable_part(correction, collections))
+        updates, new_opt_state = optimizer.update(grads, opt_state, p)
+        new_model = with_trainable_part(updated, optax.apply_updates(p, updates), collections)
+        if not masked:
+            return new_model, new_opt_state, loss_sum + loss, taken + 1
+        active = s < num_steps
+        m = _select(active, new_model, m)
+        opt_state = _select(active, new_opt_state, opt_state)
+        return m, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
+
+    zero = jnp.zeros((), jnp.int32)
+    init = (model, optimizer.init(trainable_part(model, collections)),
+            jnp.zeros((), jnp.float32), zero)
+    model, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
+    return model, loss_sum, taken
 
 
 def local_train_factored(

@@ -1,0 +1,99 @@
+"""Every registered algorithm on every model of the zoo (at tiny sizes), as
+tests/test_conformance.py checks them on MCLR: the round compiles once, `scan_rounds` equals
+round by round, and the metrics are finite. The algorithms' code never names a model, so
+what this checks is that each model's parameter tree, train mode and fast paths go through
+every algorithm's round (clustering, matching, gradients, per-client state).
+
+The whole product (14 algorithms x 5 models) takes about half an hour of compiling on 2
+cores, so the default run (and CI) checks three algorithms that cover the three kinds of
+state (FedAvg: one global model, IFCA: K models chosen by loss, Local: a model per client) on
+every model; ``pytest -m zoo_full tests/test_zoo_conformance.py`` runs the rest."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import numpy as np
+import pytest
+from conformance_setup import SETTINGS, scan, small_params
+from conftest import algorithm
+
+from mcfl.algorithms import get, names
+from mcfl.data.federated import from_splits
+from mcfl.engine import LocalTraining
+from mcfl.errors import ConfigError
+from mcfl.models import make_model
+
+# model name -> (feature shape, classes, model_args): tiny versions of the zoo's models
+ZOO = {
+    "cnn-cifar": ((8, 8, 3), 10, {}),
+    "cnn-cifar-bn": ((8, 8, 3), 10, {}),
+    "resnet18-gn": ((8, 8, 3), 10, {"width": 4, "groups": 2}),
+    "char-lstm": ((6,), 80, {"units": 8, "embed": 4}),
+    "transformer-char": ((6,), 80, {"width": 8, "heads": 2, "layers": 1}),
+}
+CLIENTS, PER_ROUND, ROUNDS = 8, 4, 2
+# gradient-stepping algorithms refuse a model with batch statistics (a one-line error)
+REFUSED = {("fedsgd", "cnn-cifar-bn"), ("feddane", "cnn-cifar-bn")}
+
+
+def _data(feature_shape, classes):
+    """CLIENTS clients of 6 (or 9) train and 2 test rows of random features (images in
+    [0, 1], or character indices), labels in 4 planted label maps."""
+    rng = np.random.default_rng(0)
+
+    def rows(per_client):
+        owner = np.repeat(np.arange(CLIENTS), per_client)
+        if len(feature_shape) == 1:
+            x = rng.integers(0, 80, (owner.size,) + feature_shape).astype(np.float32)
+        else:
+            x = rng.uniform(0, 1, (owner.size,) + feature_shape).astype(np.float32)
+        return x, rng.integers(0, classes, owner.size), owner
+
+    sizes = np.where(np.arange(CLIENTS) % 2 == 0, 6, 9)
+    return from_splits("tiny", rows(sizes), rows(np.full(CLIENTS, 2)), CLIENTS, classes,
+                       true_cluster=np.arange(CLIENTS) % 4).arrays
+
+
+@pytest.fixture(scope="module", params=list(ZOO))
+def zoo_model(request):
+    name = request.param
+    shape, classes, args = ZOO[name]
+    return name, make_model(name, shape, classes, model_args=args), _data(shape, classes)
+
+
+DEFAULT_ALGORITHMS = ("fedavg", "ifca", "local")
+
+
+@pytest.mark.parametrize("algorithm_name", [
+    name if name in DEFAULT_ALGORITHMS else pytest.param(name, marks=pytest.mark.zoo_full)
+    for name in names()])
+def test_every_algorithm_on_every_zoo_model(algorithm_name, zoo_model):
+    model_name, model, data = zoo_model
+    training = LocalTraining(model.apply, batch_size=4, lr=0.05, local_steps=2,
+                             dense_layers=model.dense_layers, factored=model.factored,
+                             train_apply=model.train_apply, collections=model.collections)
+    clusters = 2 if get(algorithm_name).clustered else 1
+    params = {**small_params(algorithm_name), **({"fesem_restarts": 1}
+                                                  if algorithm_name.startswith("fesem") else {})}
+    if (algorithm_name, model_name) in REFUSED:
+        with pytest.raises(ConfigError, match="gradients"):
+            algorithm(algorithm_name, model, training, PER_ROUND, SETTINGS["block"], clusters,
+                      **params)
+        return
+    bound = algorithm(algorithm_name, model, training, PER_ROUND, 2, clusters, **params)
+    init_key, rounds_key = jax.random.split(jax.random.key(0))
+    state0 = jax.jit(bound.init)(data, init_key)
+    chex.clear_trace_counter()
+    step = jax.jit(chex.assert_max_traces(bound.round, n=1))
+    state, rows = state0, []
+    for r in range(1, ROUNDS + 1):
+        state, metrics = step(state, data, jax.random.fold_in(rounds_key, r))
+        rows.append(jax.device_get(metrics))
+    for row in rows:
+        assert all(np.isfinite(v) for v in row.values()), row
+    scanned, stacked = scan(bound, state0, data, rounds_key, 1, ROUNDS)
+    chex.assert_trees_all_close(scanned, state, atol=1e-5, rtol=1e-5)
+    for key in rows[0]:
+        np.testing.assert_allclose(jax.device_get(stacked[key]), [row[key] for row in rows],
+                                   rtol=1e-5, atol=1e-6, err_msg=key)
