@@ -4,10 +4,12 @@ The public API: `run` a `RunConfig` (results as a `RunResult`; `RunObserver` to 
 the algorithm registry (`mcfl.algorithms`: `names`, `get`, `build`, `register`,
 `AlgorithmContext`), `sweep` to run many seeds and hyperparameter values as one vmapped
 program (tables as a `SweepResult`), and `scan_rounds` to run many rounds as one
-`lax.scan`. The command line, run folders and plots live in `mcfl.apps`.
+`lax.scan`. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such as
+``mcfl.tracking.TensorBoard(DIR)``). The command line, run folders and plots live in
+`mcfl.apps`.
 """
 
-from mcfl import algorithms
+from mcfl import algorithms, tracking
 from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
@@ -25,6 +27,7 @@ __all__ = [
     "run",
     "scan_rounds",
     "sweep",
+    "tracking",
     "from_dict",
     "load_file",
     "McflError",

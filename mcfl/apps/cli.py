@@ -24,6 +24,7 @@ from mcfl.apps.commands import (
     cmd_data_describe,
     cmd_data_plot,
     cmd_demo,
+    cmd_models,
     cmd_plot_clusters,
     cmd_reproduce,
     cmd_run,
@@ -36,6 +37,7 @@ from mcfl.apps.flags import (
     add_cache_flags,
     add_compile_cache_flag,
     add_config_flags,
+    add_log_flag,
     add_overwrite_flag,
     check_cache_dir,
     setup_compile_cache,
@@ -106,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--profile", metavar="DIR",
                        help="write a jax.profiler trace of rounds 2-3 to DIR (with "
                        "--scan-rounds: of the second chunk of rounds)")
+    add_log_flag(p_run, "the run")
     p_run.set_defaults(func=cmd_run)
 
     p_sweep = sub.add_parser(
@@ -127,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="most members per program (default: as many as fit in memory)")
     p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
     add_overwrite_flag(p_sweep, "sweep")
+    add_log_flag(p_sweep, "each member (a tracking run each, grouped by grid point)")
     p_sweep.set_defaults(func=cmd_sweep)
 
     p_reproduce = sub.add_parser(
@@ -165,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_describe.set_defaults(func=cmd_data_describe)
     p_plot.add_argument("--out", default="label_distribution.png", metavar="PNG")
     p_plot.set_defaults(func=cmd_data_plot)
+
+    p_models = sub.add_parser("models", help="the registered models (--model NAME), with their "
+                              "arguments (--model-args)")
+    p_models.set_defaults(func=cmd_models)
 
     p_compare = sub.add_parser("compare", help="table and accuracy-vs-communication plot of runs")
     p_compare.add_argument("--runs", nargs="+", required=True, metavar="DIR")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mcfl import checkpoint, distributed, reproduce
+from mcfl import checkpoint, distributed, models, reproduce, tracking
 from mcfl.apps import bench
 from mcfl.apps.bench_point import FEATURES
 from mcfl.apps.compare import compare
@@ -85,6 +85,8 @@ def cmd_run(args) -> int:
     else:
         config = config_from_args(args)
         out = Path(args.out) if args.out else _default_out(config)
+    # Checked in every process before any starts: a bad --log or a missing library, one line.
+    trackers = tracking.from_specs(args.log)
     if multi_process:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     if not distributed.is_leader():  # process 0 of a multi-process run reports and writes
@@ -101,7 +103,8 @@ def cmd_run(args) -> int:
         result = run(None if args.resume else config, out_dir=out, progress=bar.update,
                      cache_dir=cache_dir_from_args(args), profile_dir=args.profile,
                      overwrite=args.overwrite, resume=args.resume,
-                     checkpoint_every=args.checkpoint_every, observers=(bar, *announce))
+                     checkpoint_every=args.checkpoint_every,
+                     observers=(bar, *announce, *trackers))
     except KeyboardInterrupt:
         bar.close()
         again = (f"; continue it with: mcfl run --resume {out}"
@@ -173,6 +176,7 @@ def cmd_sweep(args) -> int:
         if name in grid:
             raise ConfigError(f"--grid {name} is given twice; list all its values in one flag")
         grid[name] = values
+    trackers = tracking.from_specs(args.log)  # a bad --log or a missing library: one line
     out = Path(args.out)
     bars = []  # made at the first progress report, after every input was checked
 
@@ -188,7 +192,7 @@ def cmd_sweep(args) -> int:
                        data_seeds=args.data_seeds, out_dir=out,
                        cache_dir=cache_dir_from_args(args),
                        members_per_chunk=args.members_per_chunk, progress=update,
-                       overwrite=args.overwrite)
+                       overwrite=args.overwrite, observers=trackers)
     finally:
         for bar in bars:
             bar.close()
@@ -259,6 +263,17 @@ def cmd_data_plot(args) -> int:
     out = check_figure_path(Path(args.out))
     dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
     print(f"label distribution: {plot_label_distribution(dataset, out)}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    """The model registry: name, arguments with defaults, one line of description."""
+    del args
+    for name in models.names():
+        arguments = models.registry.arguments(name)
+        print(f"{name:18s} {models.registry.doc(name)}")
+        if arguments:
+            print(f"{'':18s} model_args: {arguments}")
     return 0
 
 

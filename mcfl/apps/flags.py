@@ -90,11 +90,19 @@ def add_overwrite_flag(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"replace the {what} already in --out (default: refuse)")
 
 
+def add_log_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--log", action="append", metavar="SPEC",
+                        help=f"send {what} to an experiment tracker: tensorboard:DIR, mlflow, "
+                        "mlflow:URI, wandb or wandb:PROJECT (repeatable; mcfl.tracking)")
+
+
 def setup_compile_cache(args) -> None:
     """Turn JAX's persistent compilation cache on unless the flag or the environment say no;
-    bench children learn it through the environment."""
+    bench children learn it through the environment (only theirs: an in-process command,
+    e.g. `main([...])` from Python, leaves the caller's environment as it was)."""
     if getattr(args, "no_compile_cache", False):
-        os.environ[compile_cache.DISABLE_VARIABLE] = "1"
+        if args.command == "bench":
+            os.environ[compile_cache.DISABLE_VARIABLE] = "1"
         return
     if args.command == "bench":
         return  # the parent runs no JAX; each child turns the cache on itself

@@ -25,12 +25,14 @@ from mcfl.config import RunConfig
 from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError
 from mcfl.loop import LoopHooks, run_rounds
+from mcfl.models.build import model_label
 from mcfl.plan import client_mesh, plan_run
 from mcfl.program import RoundProgram, member_mesh, round_program
 from mcfl.records import MemberRecord
 from mcfl.run_folder import check_target, prepare_folder
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
+from mcfl.sweeps.observed import Followers, check_factories, later_columns
 from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
 
 __all__ = ["SweepResult", "sweep"]
@@ -74,6 +76,8 @@ def sweep(
     progress: Optional[Callable[[int, int], None]] = None,
     dataset: Optional[FederatedDataset] = None,
     overwrite: bool = False,
+    model: Any = None,
+    observers: Sequence[Any] = (),
 ) -> SweepResult:
     """Run every combination of `grid` ({config key: [values]}, ``algorithm`` included) with
     every seed (a list, a count n for 0..n-1, or text like "0-7"). One dataset is shared (the
@@ -87,13 +91,21 @@ def sweep(
     sweep that stops keeps the members it finished; a folder already holding a sweep is
     refused unless `overwrite` (which deletes its files first). Every member's rows equal
     ``mcfl.run`` of its config (the member table's seed, data seed and grid values on
-    `config`) to float rounding.
+    `config`) to float rounding. `model` trains a user's flax module (or factory, or
+    `mcfl.models.ModelSpec`) in every member, as in `mcfl.run`.
+
+    `observers` follow each member as a run of its own: each makes the member's
+    `mcfl.RunObserver` (``observer.member(member, spec)``, `mcfl.sweeps.observed`), as the
+    trackers of `mcfl.tracking` do (one tracking run per member, grouped by grid point).
     """
     if distributed.process_count() > 1:
         raise ConfigError("a sweep runs in one process (over all its devices); start it "
                           "without --coordinator")
+    if model is not None:
+        config = config.replace(model=model_label(model))
     seeds = parse_seeds(seeds)
     grid = check_grid(grid)
+    observers = check_factories(observers)
     if members_per_chunk is not None and (isinstance(members_per_chunk, bool) or not
                                           isinstance(members_per_chunk, int)
                                           or members_per_chunk < 1):
@@ -145,7 +157,7 @@ def sweep(
     try:
         for g, grp in enumerate(groups):
             data = _dataset_for(grp, datasets, dataset, cache_dir)
-            program = round_program(grp.base, plan_run(grp.base, data), data.arrays,
+            program = round_program(grp.base, plan_run(grp.base, data, model), data.arrays,
                                     grp.traced, members=True, mesh=mesh, width=member_width)
             compiled_before = program.compile_seconds  # (a kept program has compiled already)
             size = fit(program, grp.members, data.arrays, memory_budget(), devices,
@@ -160,8 +172,10 @@ def sweep(
             info["init_seconds"] = 0.0  # the members' initialisations (FeSEM's k-means, ...)
             for start in range(0, len(grp.members), size):
                 chunk = list(grp.members[start:start + size])
+                followers = Followers(observers, chunk, spec)
+                hooks = _Progress(program.chunks, len(chunk), tick, followers)
                 runs.extend(zip(chunk, _run_chunk(program, grp, chunk, size, data, info,
-                                                  _Progress(program.chunks, len(chunk), tick))))
+                                                  hooks, followers)))
                 _fill(result, runs)
                 if out is not None:
                     _write(out, result, final=False)
@@ -180,18 +194,25 @@ def sweep(
 
 
 class _Progress(LoopHooks):
-    """Counts member-rounds as the chunks of rounds finish."""
+    """Counts member-rounds as the chunks of rounds finish; hands each member's rows to its
+    observers (`followers`)."""
 
-    def __init__(self, chunks, members: int, tick):
+    def __init__(self, chunks, members: int, tick, followers: Followers):
         self.chunks, self.members, self.tick = chunks, members, tick
+        self.followers = followers
+
+    def row(self, member: int, row: dict[str, Any]) -> None:
+        self.followers.row(member, row)
 
     def chunk_finished(self, index: int, last_round: int, state) -> None:
         self.tick(self.chunks[index][1] * self.members)  # a chunk's members share its rounds
 
 
 def _run_chunk(program: RoundProgram, grp: Group, chunk: list[Member], size: int,
-               dataset: FederatedDataset, info: dict, hooks: LoopHooks) -> list[MemberRecord]:
-    """Train `chunk`'s members (padded to `size`) through every round: their records."""
+               dataset: FederatedDataset, info: dict, hooks: LoopHooks,
+               followers: Followers) -> list[MemberRecord]:
+    """Train `chunk`'s members (padded to `size`) through every round: their records (and
+    their observers told of their start and end)."""
     members = padded(chunk, size)
     values = program.values([m.config for m in members])
     init_keys, rounds_keys = member_keys(members)
@@ -199,8 +220,15 @@ def _run_chunk(program: RoundProgram, grp: Group, chunk: list[Member], size: int
     state = program.init(values, init_keys, dataset.arrays)
     info["init_seconds"] += time.perf_counter() - t0
     records = [MemberRecord() for _ in members]
-    run_rounds(program, grp.base, dataset, state, values, rounds_keys, records, program.chunks,
-               hooks)
+    followers.started(later_columns(program, dataset))
+    try:
+        run_rounds(program, grp.base, dataset, state, values, rounds_keys, records,
+                   program.chunks, hooks)
+    except BaseException as stop:
+        followers.ended(records, "interrupted" if isinstance(stop, KeyboardInterrupt)
+                        else "error")
+        raise
+    followers.ended(records)
     return records[:len(chunk)]
 
 

@@ -1,0 +1,101 @@
+"""``--log mlflow[:URI]``: a run as an MLflow run, through `mlflow.tracking.MlflowClient` (so
+that several runs, a sweep's members, can be open at once; `mlflow-skinny` suffices).
+
+The tracking URI is the one given, else $MLFLOW_TRACKING_URI, else the file store ./mlruns
+(made absolute when the tracker is made). MLflow 3 keeps its file store in maintenance mode
+and refuses it unless MLFLOW_ALLOW_FILE_STORE is true, which this tracker sets for a file
+store when it is unset (mlflow-skinny has no other local store: a sqlite:/// URI needs
+SQLAlchemy); ``mlflow ui --backend-store-uri ./mlruns`` shows it. The experiment is "mcfl"
+unless $MLFLOW_EXPERIMENT_NAME names another. The config is the run's params (texts), every
+round's numbers its metrics at step = the round, the summary's numbers ``summary/KEY``
+metrics and the whole summary the artifact summary.json, the plots artifacts under plots/; a
+sweep member's run is named by its seed and tagged with its grid point (``grid_point``),
+``seed``, ``data_seed`` and ``member``. The run ends FINISHED, KILLED (interrupted) or FAILED
+(diverged, an error), tagged with its ``status``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlparse
+
+from mcfl.run_folder import json_safe
+from mcfl.tracking.base import Tracker, hyperparameters, summary_metrics
+
+DEFAULT_URI = "mlruns"
+DEFAULT_EXPERIMENT = "mcfl"
+# MLflow's limit on the params of one log_batch call.
+PARAMS_PER_CALL = 100
+END_STATES = {"completed": "FINISHED", "interrupted": "KILLED"}  # else FAILED
+
+
+def is_file_store(uri: str) -> bool:
+    return urlparse(uri).scheme in ("", "file")
+
+
+class MLflow(Tracker):
+    """Runs in the MLflow tracking store at `uri`, in experiment `experiment`."""
+
+    kind = module = "mlflow"
+
+    def __init__(self, uri: Optional[str] = None, experiment: Optional[str] = None):
+        super().__init__()
+        uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+        if urlparse(uri).scheme == "":  # a folder: the file store there, wherever we run
+            uri = Path(uri).expanduser().absolute().as_uri()
+        self.uri = uri
+        self.experiment = (experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+                           or DEFAULT_EXPERIMENT)
+        self._client = None
+        self._run_id: Optional[str] = None
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The MLflow run's id once it was started."""
+        return self._run_id
+
+    def open(self, config, name: str) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        if is_file_store(self.uri):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self._client = client = MlflowClient(self.uri)
+        run = client.create_run(self._experiment_id(), run_name=name, tags=self.tags)
+        self._run_id = run.info.run_id
+        params = [Param(key, str(value)) for key, value in hyperparameters(config).items()]
+        for start in range(0, len(params), PARAMS_PER_CALL):
+            client.log_batch(self._run_id, params=params[start:start + PARAMS_PER_CALL])
+
+    def _experiment_id(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        found = self._client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self._client.create_experiment(self.experiment)
+        except MlflowException:  # made meanwhile by another process
+            found = self._client.get_experiment_by_name(self.experiment)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def log(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self._client.log_batch(self._run_id, metrics=[
+            Metric(key, value, now, step) for key, value in values.items()])
+
+    def close(self, summary: dict[str, Any], plots: list[Path]) -> None:
+        status = summary.get("status", "completed")
+        self.log(summary_metrics(summary), self.step)
+        self._client.set_tag(self._run_id, "status", status)
+        self._client.log_dict(self._run_id, json_safe(summary), "summary.json")
+        for path in plots:
+            self._client.log_artifact(self._run_id, str(path), artifact_path="plots")
+        self._client.set_terminated(self._run_id, END_STATES.get(status, "FAILED"))
