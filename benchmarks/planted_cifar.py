@@ -12,7 +12,7 @@ mcfl's `cifar10` loader: the loader, the model and the recipes are those of CIFA
 images are not.
 
 Reduced to run on 2 cores: 40 clients of 40 rows (32 train, 8 test), every client every
-round, 15 rounds, E = 1, B = 10, lr = 0.05, K = 4 (CFL: at most 4 clusters, its thresholds
+round, 12 rounds, E = 1, B = 10, lr = 0.05, K = 4 (CFL: at most 4 clusters, its thresholds
 from the update norms of this problem after 3 warm-up rounds).
 """
 
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None, help="CIFAR-10 binary version (default: "
                         "Fashion-MNIST written in its format)")
     parser.add_argument("--partitions", nargs="+", default=["rotated:4", "label_swap:4"])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--clients", type=int, default=40)
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS))
     args = parser.parse_args()

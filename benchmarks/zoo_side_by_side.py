@@ -77,6 +77,9 @@ def main() -> None:
     parser.add_argument("--torch-python", default=None,
                         help="a Python with torch (default: this one, else " + PEERS_PYTHON + ")")
     parser.add_argument("--timeout", type=int, default=3600)
+    parser.add_argument("--skip", nargs="*", default=[], metavar="KEY",
+                        help="contenders left out, e.g. mcfl-xla (flax nn.Conv: ~5x slower "
+                        "on CPU, for the ResNet tens of minutes)")
     args = parser.parse_args()
     torch_python = args.torch_python or default_torch_python()
     if torch_python is None:
@@ -86,6 +89,8 @@ def main() -> None:
     quick = ["--quick"] if args.quick else []
     results = {}
     for key, command in contenders(args.model, torch_python):
+        if key in args.skip:
+            continue
         check = run_json(command + ["--check", "--check-clients", "2"] + quick,
                          args.out / f"{key}-check.json", args.timeout, {})
         print(f"{key}: check ok, {check['params']:,} parameters", flush=True)

@@ -63,6 +63,21 @@ def refuse_mutable_state(model, algorithm: str) -> None:
                           f"or an algorithm whose clients train locally")
 
 
+def wrapping(algorithm: FederatedAlgorithm, init, round_, client_models=None,
+             view=None) -> FederatedAlgorithm:
+    """A wrapper of `algorithm` whose state is ``(inner state, wrapper's own)`` (a distribution
+    shift, a client schedule, FedBN's local layers): its assignments and, unless given, its
+    client models and data view are the inner algorithm's on ``state[0]``."""
+    assignments = None
+    if algorithm.assignments is not None:
+        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
+    if client_models is None:
+        client_models = lambda state: algorithm.client_models(state[0])  # noqa: E731
+    if view is None and algorithm.view is not None:
+        view = lambda state, data: algorithm.view(state[0], data)  # noqa: E731
+    return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view)
+
+
 def stack(params, count: int = 1):
     """A stacked pytree [count, ...] of `count` copies of `params`."""
     return jax.tree.map(lambda p: jnp.broadcast_to(p, (count,) + p.shape), params)

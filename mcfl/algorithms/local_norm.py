@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import CLIENT_LOCAL, FederatedAlgorithm
+from mcfl.algorithms.base import CLIENT_LOCAL, FederatedAlgorithm, wrapping
 from mcfl.errors import ConfigError
 from mcfl.models.spec import local_part, with_local_part
 
@@ -70,10 +70,4 @@ def with_local_norm(algorithm: FederatedAlgorithm, collections: tuple[str, ...]
         return (jax.vmap(with_local_part)(own, local),
                 jnp.arange(num_clients, dtype=jnp.int32))
 
-    assignments = None
-    if algorithm.assignments is not None:
-        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
-    view = None
-    if algorithm.view is not None:
-        view = lambda state, data: algorithm.view(state[0], data)  # noqa: E731
-    return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view)
+    return wrapping(algorithm, init, round_, client_models)

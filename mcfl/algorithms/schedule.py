@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.base import FederatedAlgorithm, wrapping
 from mcfl.permutation import permute
 from mcfl.sampling import sample_clients
 
@@ -75,12 +75,4 @@ def with_schedule(algorithm: FederatedAlgorithm, schedule: str,
                                          hp)
         return (inner, schedule_state.replace(round=schedule_state.round + 1)), metrics
 
-    assignments = None
-    if algorithm.assignments is not None:
-        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
-    view = None
-    if algorithm.view is not None:
-        view = lambda state, data: algorithm.view(state[0], data)  # noqa: E731
-    return FederatedAlgorithm(algorithm.name, init, round_,
-                              lambda state: algorithm.client_models(state[0]),
-                              assignments=assignments, view=view)
+    return wrapping(algorithm, init, round_)

@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.base import FederatedAlgorithm, wrapping
 from mcfl.data.federated import FederatedData, client_label_counts
 from mcfl.sampling import sample_clients
 
@@ -170,10 +170,4 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
         metrics["shifted_rows"] = moved
         return (inner, shift.replace(round=shift.round + 1)), metrics
 
-    assignments = None
-    if algorithm.assignments is not None:
-        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
-    return FederatedAlgorithm(
-        algorithm.name, init, round_, lambda state: algorithm.client_models(state[0]),
-        assignments=assignments, view=lambda state, data: view(data, state[1]),
-    )
+    return wrapping(algorithm, init, round_, view=lambda state, data: view(data, state[1]))

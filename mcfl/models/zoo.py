@@ -91,13 +91,25 @@ def conv_layer(conv: str, features: int, kernel_size: tuple[int, int], stride: i
     return StridedPatchConv(features, kernel_size, (stride, stride), use_bias, name=name)
 
 
+def _max_3_stride_2(x: jax.Array, axis: int) -> jax.Array:
+    """The maximum of 3 neighbours with stride 2 and 'SAME' padding along `axis` (1 or 2)."""
+    out, pad = same_padding(x.shape[axis], 3, 2)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = pad
+    padded = jnp.pad(x, widths, constant_values=-jnp.inf)
+    views = [jax.lax.slice_in_dim(padded, i, i + (out - 1) * 2 + 1, 2, axis) for i in range(3)]
+    return functools.reduce(jnp.maximum, views)
+
+
 def max_pool_3x3_stride_2(x: jax.Array, conv: str = "matmul") -> jax.Array:
     """The TensorFlow tutorial's overlapping 3x3 max-pool with stride 2 and 'SAME' padding
-    (32 -> 16): for "matmul" the maximum of the nine strided views of the -inf-padded images
-    (reshapes and elementwise maxima, which XLA:CPU runs fast), else `flax.linen.max_pool`."""
+    (32 -> 16): for "matmul" separably, the maximum of 3 strided rows and then of 3 strided
+    columns of the -inf-padded images (elementwise maxima, which XLA:CPU runs fast; 6 views
+    instead of 9, which halved a training step's time on CPU: its backward is the costly
+    part), else `flax.linen.max_pool`."""
     if conv == "xla":
         return nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-    return functools.reduce(jnp.maximum, _views(x, (3, 3), (2, 2), -jnp.inf))
+    return _max_3_stride_2(_max_3_stride_2(x, 1), 2)
 
 
 class CifarCNN(nn.Module):
