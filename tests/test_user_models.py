@@ -280,6 +280,38 @@ def test_dense_stack_found_by_structure_equals_the_generic_path(data):
     assert not np.allclose(results[0]["hidden"]["kernel"], start["hidden"]["kernel"][0])
 
 
+class ConvHead(nn.Module):
+    """A conv trunk, then one large dense layer (most of the parameters) and a small head."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3))(x.reshape((x.shape[0], 6, 6, 1))))
+        x = nn.relu(nn.Dense(64, name="big")(x.reshape((x.shape[0], -1))))
+        return nn.Dense(3)(x)
+
+
+def test_a_large_dense_layer_found_by_structure_trains_factored_as_the_generic_path(data):
+    """The user's CNN is seen as head(trunk(x) @ K + b) around its layer "big"; local training
+    with K's change kept as factors equals plain per-client training (values of every
+    parameter after 3 steps)."""
+    shapes = ragged_dataset([7, 12, 5, 9], num_features=36).arrays
+    spec = make_model(ConvHead(), (36,), 3)
+    assert spec.factored is not None and spec.factored.name == "big"
+    assert make_model(ConvHead(), (36,), 3, fast_paths="off").factored is None
+    assert make_model(NormNet(), (5,), 3).factored is None  # a train mode: generic path
+    start = jax.tree.map(lambda p: p[None], spec.init(jax.random.key(0)))
+    selection = RoundClients(jnp.arange(4, dtype=jnp.int32), jnp.zeros(4, jnp.int32))
+    results = []
+    for low_rank in ("on", "off"):
+        training = LocalTraining(spec.apply, batch_size=4, lr=0.1, local_steps=3,
+                                 factored=spec.factored, low_rank=low_rank)
+        results.append(jax.jit(lambda t=training: train_and_collect(
+            t, shapes, jax.random.key(3), start, selection, block_size=1))()[0])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                 *results)
+    assert not np.allclose(results[0]["big"]["kernel"], start["big"]["kernel"][0])
+
+
 def test_convolutions_as_matmul_equal_flax_conv_in_values_and_gradients():
     fast = make_model(ConvStack(), (36,), 3, conv="matmul")
     generic = make_model(ConvStack(), (36,), 3, fast_paths="off")

@@ -6,6 +6,12 @@ module where it is exact.
   factored (`mcfl.engine.lowrank`). Found from the parameter shapes (a chain of kernels from
   the input width to the classes) and confirmed numerically: the module must equal the ReLU
   stack of its own layers on random inputs for two random initialisations.
+- One large ``nn.Dense`` layer after a trunk (a CNN's first dense layer: at least a third of
+  the parameters, a top-level layer called once on [B, features]): the model seen as
+  ``head(trunk(x) @ K + b)`` (`ModelSpec.factored`), which lets local training keep K's
+  change as factors (`mcfl.engine.local_train_factored`). `trunk` runs the module until
+  that layer's call and returns its input; `head` runs it with the layer's output replaced
+  (the trunk computed there is unused, and XLA drops it). Confirmed numerically as above.
 - ``nn.Conv`` layers with 'SAME' padding, no dilation and one feature group: computed as
   shifted views and one matmul (`conv_as_matmul`, at any stride) where `--conv` resolves to
   "matmul" (CPU, where XLA's convolutions are ~30x slower), by intercepting the layer's call
@@ -26,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.models.paper import resolve_conv
-from mcfl.models.spec import ModelSpec, PyTree
+from mcfl.models.spec import FactoredLayer, ModelSpec, PyTree
 from mcfl.models.zoo import strided_conv_as_matmul
 
 FAST_PATHS = ("auto", "off")  # as mcfl.config.FAST_PATHS
@@ -95,6 +101,90 @@ def _num_classes(spec: ModelSpec, shapes: PyTree) -> int:
     return int(jax.eval_shape(spec.apply, shapes, dummy).shape[-1])
 
 
+class _LayerInput(Exception):
+    """Carries the input of the intercepted layer out of the module (`trunk`)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+
+def _is_call_of(context, name: str) -> bool:
+    return (type(context.module) is nn.Dense and context.method_name == "__call__"
+            and tuple(context.module.scope.path) == (name,))
+
+
+def factored_layer(spec: ModelSpec, name: str) -> FactoredLayer:
+    """`spec` as ``head(trunk(x) @ K + b)`` around its top-level dense layer `name`."""
+    apply = spec.apply
+
+    def trunk(params, x):
+        def stop_at_layer(next_fun, args, kwargs, context):
+            if _is_call_of(context, name):
+                raise _LayerInput(args[0])
+            return next_fun(*args, **kwargs)
+
+        try:
+            with nn.intercept_methods(stop_at_layer):
+                apply(params, x)
+        except _LayerInput as layer_input:
+            return layer_input.value
+        raise ValueError(f"layer {name!r} was not called")
+
+    def head(params, z):
+        def replace_output(next_fun, args, kwargs, context):
+            if _is_call_of(context, name):
+                return z
+            return next_fun(*args, **kwargs)
+
+        # the trunk is traced here too, but nothing reads it: XLA removes it
+        dummy = jnp.zeros((z.shape[0],) + tuple(spec.feature_shape), jnp.float32)
+        with nn.intercept_methods(replace_output):
+            return apply(params, dummy)
+
+    return FactoredLayer(name, trunk, head)
+
+
+def find_factored_layer(spec: ModelSpec) -> Optional[FactoredLayer]:
+    """The factored form of `spec` around its largest dense layer, when that layer holds at
+    least a third of the parameters, is called once on a [B, features] input, and the form
+    equals the module on random inputs; else None."""
+    if spec.collections or spec.takes_train:
+        return None
+    shapes = jax.eval_shape(spec.init, jax.random.key(0))
+    dense = {name: leaves["kernel"].shape for name, leaves in shapes.items()
+             if isinstance(leaves, dict) and set(leaves) == {"kernel", "bias"}
+             and len(leaves["kernel"].shape) == 2}
+    if not dense:
+        return None
+    name = max(dense, key=lambda n: math.prod(dense[n]))
+    total = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+    if 3 * math.prod(dense[name]) < total:
+        return None
+    calls = []
+
+    def count(next_fun, args, kwargs, context):
+        if _is_call_of(context, name):
+            calls.append(tuple(args[0].shape))
+        return next_fun(*args, **kwargs)
+
+    dummy = jax.ShapeDtypeStruct((2,) + tuple(spec.feature_shape), jnp.float32)
+    with nn.intercept_methods(count):
+        jax.eval_shape(spec.apply, shapes, dummy)
+    if calls != [(2, dense[name][0])]:
+        return None
+    layer = factored_layer(spec, name)
+    for seed in (0, 1):
+        key_init, key_x = jax.random.split(jax.random.key(seed))
+        params = spec.init(key_init)
+        x = jax.random.normal(key_x, (4,) + tuple(spec.feature_shape))
+        h = layer.trunk(params, x)
+        z = h @ params[name]["kernel"] + params[name]["bias"]
+        if not np.allclose(layer.head(params, z), spec.apply(params, x), rtol=1e-4, atol=1e-4):
+            return None
+    return layer
+
+
 def _matmul_conv(next_fun, args, kwargs, context):
     """`flax.linen.intercept_methods` interceptor: an eligible ``nn.Conv`` call computed as
     `strided_conv_as_matmul`, with the layer's own parameters."""
@@ -152,7 +242,9 @@ def with_fast_paths(spec: ModelSpec, fast_paths: str = "auto", conv: str = "auto
         if layers is not None:
             return spec._replace(dense_layers=layers)
     if resolve_conv(conv, backend) == "matmul" and _uses_conv(spec):
-        return spec._replace(
+        spec = spec._replace(
             apply=_intercepted(spec.apply),
             train_apply=None if spec.train_apply is None else _intercepted(spec.train_apply))
+    if spec.dense_layers is None and spec.factored is None:
+        spec = spec._replace(factored=find_factored_layer(spec))
     return spec
