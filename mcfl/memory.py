@@ -39,7 +39,9 @@ _SYNTHETIC_CLIENT_HOST_BYTES = (600 + 10 + 60 + 8) * 8
 _SOURCE_SHAPES = {"mnist": (70_000, 784), "fmnist": (70_000, 784), "mnist5k": (5_000, 784),
                   "digits": (1_797, 64), "tfds:mnist": (70_000, 784),
                   "tfds:fashion_mnist": (70_000, 784), "tfds:emnist": (814_255, 784),
-                  "tfds:cifar10": (60_000, 3072), "tfds:celeb_a": (202_599, 84 * 84 * 3)}
+                  "tfds:cifar10": (60_000, 3072), "tfds:cifar100": (60_000, 3072),
+                  "cifar10": (60_000, 3072), "cifar100": (60_000, 3072),
+                  "tfds:celeb_a": (202_599, 84 * 84 * 3)}
 
 
 class Need(NamedTuple):
@@ -111,7 +113,9 @@ def data_bytes(config) -> Optional[Need]:
     if config.dataset == "leaf" and config.data_dir is not None:
         files = sum(p.stat().st_size for p in Path(config.data_dir).rglob("*.json")
                     if p.is_file())
-        # JSON text of floats is ~2x its float32 arrays; parsed, Python lists take ~4x the text
+        # JSON text of floats is ~2x its float32 arrays (not so for Shakespeare's text, whose
+        # 1-byte characters become 4-byte indices: an estimate 8x low, for a dataset of MBs);
+        # parsed, Python lists take ~4x the text
         return Need(files // 2, files * 4, "its data files")
     return None
 
