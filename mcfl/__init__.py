@@ -4,12 +4,14 @@ The public API: `run` a `RunConfig` (results as a `RunResult`; `RunObserver` to 
 the algorithm registry (`mcfl.algorithms`: `names`, `get`, `build`, `register`,
 `AlgorithmContext`), `sweep` to run many seeds and hyperparameter values as one vmapped
 program (tables as a `SweepResult`), and `scan_rounds` to run many rounds as one
-`lax.scan`. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such as
+`lax.scan`. `mcfl.models` (any flax module, the registry, the zoo) and `mcfl.data`
+(`from_clients`, `from_arrays`, `plant`, the dataset registry) take a user's own model and
+data. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such as
 ``mcfl.tracking.TensorBoard(DIR)``). The command line, run folders and plots live in
 `mcfl.apps`.
 """
 
-from mcfl import algorithms, tracking
+from mcfl import algorithms, data, models, tracking
 from mcfl.algorithms.base import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
@@ -24,6 +26,8 @@ __all__ = [
     "RunResult",
     "SweepResult",
     "algorithms",
+    "data",
+    "models",
     "run",
     "scan_rounds",
     "sweep",
