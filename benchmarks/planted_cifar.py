@@ -13,7 +13,8 @@ images are not.
 
 Reduced to run on 2 cores: 40 clients of 40 rows (32 train, 8 test), every client every
 round, 12 rounds, E = 1, B = 10, lr = 0.05, K = 4 (CFL: at most 4 clusters, its thresholds
-from the update norms of this problem after 3 warm-up rounds).
+from the update norms of this problem after 3 warm-up rounds; FlexCFL: its cold start on
+5 K = 20 clients, as 20 K would be more clients than there are).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ALGORITHMS = {
     "fedavg": {},
     "ifca": {},
     "fesem": {},
-    "flexcfl": {},
+    "flexcfl": {"pretrain_scale": 5},  # its cold start: 5 K = 20 of the 40 clients
     "cfl": {"cfl_eps1": 0.4, "cfl_eps2": 0.9, "cfl_warmup": 3},
 }
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
