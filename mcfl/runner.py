@@ -148,7 +148,11 @@ def run(
         config = config.replace(clients=dataset.num_clients)
     if dataset is None:
         dataset = load_dataset(config, cache_dir)
-    check_clients(config, dataset)
+    if dataset.num_clients != config.clients:
+        raise ConfigError(
+            f"the dataset passed has {dataset.num_clients} clients but the config says "
+            f"clients={config.clients}; build it from the same config"
+        )
     plan = plan_run(config, dataset, model)  # a model that does not fit the data: refused here
     # The data are ready: now the folder is made (or, replacing a run, its staging sibling).
     target = RunTarget(Path(out_dir)) if writes and resume is None else None
@@ -177,8 +181,8 @@ def run(
 
         output = _Output(checkpoints, commit, replacing=target is not None and target.pending)
         try:
-            return _run(config, dataset, started, observers, profile_dir, mesh, output,
-                        None if resume is None else Path(resume), plan)
+            return _run(config, dataset, plan, started, observers, profile_dir, mesh, output,
+                        None if resume is None else Path(resume))
         except BaseException as stop:
             replacing = target is not None and target.pending
             if target is not None:
@@ -247,29 +251,22 @@ class _RunHooks(LoopHooks):
             self.tracing = False
 
 
-def check_clients(config: RunConfig, dataset: FederatedDataset) -> None:
-    if dataset.num_clients != config.clients:
-        raise ConfigError(
-            f"the dataset passed has {dataset.num_clients} clients but the config says "
-            f"clients={config.clients}; build it from the same config"
-        )
-
-
 def _run(
     config: RunConfig,
     dataset: FederatedDataset,
+    plan: RunPlan,
     started: float,
     observers: tuple[RunObserver, ...] = (),
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
     output: Optional[_Output] = None,
     resume_dir: Optional[Path] = None,
-    plan: Optional[RunPlan] = None,
 ) -> RunResult:
-    check_clients(config, dataset)
+    """Train `config` on `dataset` (of the config's clients) by `plan` (`run` checks both
+    before the run folder is made)."""
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
-    program = round_program(config, plan or plan_run(config, dataset), data,
+    program = round_program(config, plan, data,
                             jit_options=distributed.replicated_outputs(mesh))
     plan = program.plan
     compiled_before = program.compile_seconds  # (a kept program has compiled already)

@@ -263,21 +263,30 @@ def test_stateful_models_run_end_to_end_and_gradient_algorithms_refuse_them():
         mcfl.run(config.replace(model="python:NormNet"))
 
 
+def _fast_and_generic(spec, data, lr, block_size, **fields):
+    """Four clients' models after 3 local steps from one start, trained on the factored path
+    (``low_rank="on"``) and on the generic one (``"off"``), and the start [1, ...]."""
+    start = jax.tree.map(lambda p: p[None], spec.init(jax.random.key(0)))
+    selection = RoundClients(jnp.arange(4, dtype=jnp.int32), jnp.zeros(4, jnp.int32))
+    results = []
+    for low_rank in ("on", "off"):
+        training = LocalTraining(spec.apply, batch_size=4, lr=lr, local_steps=3,
+                                 low_rank=low_rank, **fields)
+        results.append(jax.jit(lambda t=training: train_and_collect(
+            t, data, jax.random.key(3), start, selection, block_size=block_size))()[0])
+    return results[0], results[1], start
+
+
 def test_dense_stack_found_by_structure_equals_the_generic_path(data):
     spec = make_model(NamedMLP(), (5,), 3)
     assert spec.dense_layers == ("hidden", "logits")
     assert find_dense_stack(make_model(TanhMLP(), (5,), 3)) is None
     assert make_model(NamedMLP(), (5,), 3, fast_paths="off").dense_layers is None
-    start = jax.tree.map(lambda p: p[None], spec.init(jax.random.key(0)))
-    selection = RoundClients(jnp.arange(4, dtype=jnp.int32), jnp.zeros(4, jnp.int32))
-    results = []
-    for low_rank in ("on", "off"):
-        training = LocalTraining(spec.apply, batch_size=4, lr=0.2, local_steps=3,
-                                 dense_layers=spec.dense_layers, low_rank=low_rank)
-        results.append(jax.jit(lambda t=training: train_and_collect(
-            t, data, jax.random.key(3), start, selection, block_size=4))()[0])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), *results)
-    assert not np.allclose(results[0]["hidden"]["kernel"], start["hidden"]["kernel"][0])
+    fast, generic, start = _fast_and_generic(spec, data, 0.2, 4,
+                                             dense_layers=spec.dense_layers)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 fast, generic)
+    assert not np.allclose(fast["hidden"]["kernel"], start["hidden"]["kernel"][0])
 
 
 class ConvHead(nn.Module):
@@ -294,22 +303,15 @@ def test_a_large_dense_layer_found_by_structure_trains_factored_as_the_generic_p
     """The user's CNN is seen as head(trunk(x) @ K + b) around its layer "big"; local training
     with K's change kept as factors equals plain per-client training (values of every
     parameter after 3 steps)."""
-    shapes = ragged_dataset([7, 12, 5, 9], num_features=36).arrays
+    images = ragged_dataset([7, 12, 5, 9], num_features=36).arrays
     spec = make_model(ConvHead(), (36,), 3)
     assert spec.factored is not None and spec.factored.name == "big"
     assert make_model(ConvHead(), (36,), 3, fast_paths="off").factored is None
     assert make_model(NormNet(), (5,), 3).factored is None  # a train mode: generic path
-    start = jax.tree.map(lambda p: p[None], spec.init(jax.random.key(0)))
-    selection = RoundClients(jnp.arange(4, dtype=jnp.int32), jnp.zeros(4, jnp.int32))
-    results = []
-    for low_rank in ("on", "off"):
-        training = LocalTraining(spec.apply, batch_size=4, lr=0.1, local_steps=3,
-                                 factored=spec.factored, low_rank=low_rank)
-        results.append(jax.jit(lambda t=training: train_and_collect(
-            t, shapes, jax.random.key(3), start, selection, block_size=1))()[0])
+    fast, generic, start = _fast_and_generic(spec, images, 0.1, 1, factored=spec.factored)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-                 *results)
-    assert not np.allclose(results[0]["big"]["kernel"], start["big"]["kernel"][0])
+                 fast, generic)
+    assert not np.allclose(fast["big"]["kernel"], start["big"]["kernel"][0])
 
 
 def test_convolutions_as_matmul_equal_flax_conv_in_values_and_gradients():
