@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import zoo_workload as zw  # noqa: E402
 from torch import nn  # noqa: E402
+from torch_fedavg import average_into, train_client  # noqa: E402
 
 NAME = "PyTorch per-client loop"
 
@@ -128,21 +129,11 @@ class TorchZooRunner:
 
     def train_client(self, c: int) -> dict[str, torch.Tensor]:
         model = self.client_model
-        model.load_state_dict(self.global_model.state_dict())
-        optimizer = torch.optim.SGD(self.trainable, lr=zw.LEARNING_RATE)
-        loss_fn = nn.CrossEntropyLoss()
-        model.train()
-        for s in range(zw.LOCAL_STEPS):
-            rows = slice(s * zw.BATCH_SIZE, (s + 1) * zw.BATCH_SIZE)
-            optimizer.zero_grad()
-            loss_fn(model(self.x[c, rows]), self.y[c, rows]).backward()
-            optimizer.step()
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return train_client(self.global_model, model, self.trainable, self.x[c], self.y[c],
+                            zw.LOCAL_STEPS, zw.BATCH_SIZE, zw.LEARNING_RATE)
 
     def run_round(self) -> None:
-        states = [self.train_client(c) for c in range(self.x.shape[0])]
-        self.global_model.load_state_dict(
-            {k: torch.stack([s[k] for s in states]).mean(dim=0) for k in states[0]})
+        average_into(self.global_model, [self.train_client(c) for c in range(self.x.shape[0])])
 
     def global_params(self) -> dict[str, np.ndarray]:
         return {k: v.detach().numpy().copy() for k, v in self.global_model.state_dict().items()}
