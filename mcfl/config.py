@@ -37,6 +37,8 @@ NORM_STATES = ("global", "local")
 FAST_PATHS = ("auto", "off")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
+CLIENT_STORES = ("auto", "device", "host", "disk")
+STORE_DTYPES = ("float32", "bfloat16")
 SCORES = ("mcfl", "paper")
 CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.algorithms.schedule.SCHEDULES
 
@@ -70,6 +72,10 @@ class TrainingSettings:
     weight_decay: Annotated[float, Static("0 or not picks the training path: the factored "
                                           "fast paths need plain SGD")] = setting(
         0.0, "L2 weight decay on the clients", minimum=0)
+    client_store_dtype: str = setting("float32", "what clients keep between rounds (Local's "
+                                      "models) is stored as float32 or bfloat16 (half the "
+                                      "memory; training stays float32)",
+                                      choices=STORE_DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +137,10 @@ class ExecutionSettings:
                         "TPU)", choices=CONVS)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
+    client_store: str = setting("auto", "where clients' kept state (Local's models, FeSEM's "
+                                "and Robust's start) lives: device | host (memory) | disk (the "
+                                "run folder, or a temporary one) | auto (device if it fits, "
+                                "else host, else disk)", choices=CLIENT_STORES)
 
 
 # The groups of a RunConfig: attribute name -> settings class, in the order flags, config

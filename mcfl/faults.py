@@ -6,8 +6,9 @@ inside the work that follows: a checkpoint being written). The points: ``row`` (
 rounds.csv appended), ``checkpoint`` (a checkpoint about to be written), ``finished`` (the
 rounds done and the last checkpoint written, the final files not yet), ``replace`` (a file's
 new version written, not yet renamed over the old), ``swap`` (a replacing run's file moved
-into place, others not yet). Without the variable a point costs a
-dictionary lookup. tests/test_faults.py kills runs this way and resumes them.
+into place, others not yet), ``store_write`` (a client's row about to be written to a client
+store's folder, by the writer thread while the next round computes). Without the variable a
+point costs a dictionary lookup. tests/test_faults.py kills runs this way and resumes them.
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ import numpy as np
 from mcfl import engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl.algorithms.base import scan_rounds
+from mcfl.algorithms.stored import evaluate_device_rows
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.evaluation import ClientMetrics, client_metrics
@@ -49,6 +50,9 @@ MEMBER_AXIS = "members"
 def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int, state, data):
     """Per-client test counts of the models `algorithm` assigns to each client (on the data as
     the clients hold it now), and the clients' test row counts."""
+    if algorithm.client_rows is not None:  # as a host or disk store evaluates them
+        return evaluate_device_rows(algorithm, apply_fn, block_size, state, data), \
+            data.test_counts
     models, index = algorithm.client_models(state)
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)
@@ -240,6 +244,25 @@ class RoundProgram:
     def evaluate(self, values, state, data):
         """(counts, test_counts, assignments or None) on the host."""
         return jax.device_get(self._compiled["evaluate"][1](values, state, data))
+
+    rows_kept = False  # client rows in a host or disk store (`StoredProgram`)
+
+    # What a checkpoint saves and restores beyond the state: nothing here; a client store's
+    # manifest for `mcfl.store.program.StoredProgram`.
+    def checkpoint_state(self, round_: int, state):
+        return state
+
+    def checkpointed(self) -> None:
+        """The checkpoint `checkpoint_state` gave was saved."""
+
+    def checkpoint_template(self, state):
+        return state
+
+    def restored(self, saved):
+        return saved
+
+    def close(self) -> None:
+        """The run is over: nothing in flight remains."""
 
 
 def signature(args) -> tuple:

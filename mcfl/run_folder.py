@@ -44,7 +44,7 @@ def json_safe(value):
 # The files a run folder may hold (all of them mcfl's own; checkpoints/ is a folder).
 SETTINGS_FILE = "run.json"
 RUN_FILES = ("summary.json", "rounds.csv", "clients.csv", "curves.png", "assignments.npz",
-             "clients_pca.npz", "checkpoints", SETTINGS_FILE)
+             "clients_pca.npz", "checkpoints", "client_store", SETTINGS_FILE)
 
 
 def held_files(out_dir: Path, files: tuple[str, ...] = RUN_FILES) -> list[str]:

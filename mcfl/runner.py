@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,10 +34,12 @@ from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.loop import LoopHooks, client_scores, run_rounds
 from mcfl.models.build import model_label
 from mcfl.plan import RunPlan, client_mesh, plan_run, run_keys
-from mcfl.program import RoundProgram, round_program
+from mcfl.program import RoundProgram
 from mcfl.records import MemberRecord
 from mcfl.resume import restore, resume_settings, resumed_config
 from mcfl.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
+from mcfl.store import FOLDER as STORE_FOLDER
+from mcfl.store import run_program
 
 
 @dataclasses.dataclass
@@ -178,8 +181,11 @@ def run(
                 run_folder.moved(target.folder)
                 if checkpoints is not None:
                     checkpoints.move_to(target.folder)
+                for moved in output.moved:
+                    moved(target.folder)
 
-        output = _Output(checkpoints, commit, replacing=target is not None and target.pending)
+        output = _Output(checkpoints, commit, replacing=target is not None and target.pending,
+                         folder=folder if checkpoints is not None else None)
         try:
             return _run(config, dataset, plan, started, observers, profile_dir, mesh, output,
                         None if resume is None else Path(resume))
@@ -205,6 +211,8 @@ class _Output:
     checkpoints: Optional[Checkpoints] = None
     commit: Callable[[], None] = lambda: None
     replacing: bool = False
+    folder: Optional[Path] = None  # the run's folder (a disk client store goes in it)
+    moved: list = dataclasses.field(default_factory=list)  # callbacks(new folder) on commit
 
 
 class _RunHooks(LoopHooks):
@@ -266,22 +274,39 @@ def _run(
     before the run folder is made)."""
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
-    program = round_program(config, plan, data,
-                            jit_options=distributed.replicated_outputs(mesh))
+    output = output or _Output()
+    program, store = run_program(config, plan, data, output.folder,
+                                 jit_options=distributed.replicated_outputs(mesh))
+    try:
+        return _run_program(program, store, config, dataset, started, observers, profile_dir,
+                            output, resume_dir, init_key, rounds_key)
+    finally:
+        program.close()
+
+
+def _run_program(program, store, config, dataset, started, observers, profile_dir, output,
+                 resume_dir, init_key, rounds_key) -> RunResult:
+    data = dataset.arrays
+    if store.kind != "device":
+        output.moved.append(lambda folder: program.move_to(folder / STORE_FOLDER))
     plan = program.plan
     compiled_before = program.compile_seconds  # (a kept program has compiled already)
     program.compile_init({}, init_key, data)
     memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
                               memory.resident_bytes(data))
+    streamed_start = store.kind != "device" and not program.rows_kept
+    if streamed_start:  # said before the start, which trains every client
+        print(f"mcfl: client store: {store.kind} ({store.reason})", file=sys.stderr)
     init_start = time.perf_counter()
     state = program.init({}, init_key, data)
     init_seconds = time.perf_counter() - init_start
     record = MemberRecord()
     chunks = program.chunks
-    output = output or _Output()
     checkpoints = output.checkpoints
     if resume_dir is not None and checkpoint.exists(resume_dir):  # (else from round 1)
-        state, done = restore(resume_dir, state, rounds_key, record)
+        saved, done = restore(resume_dir, program.checkpoint_template(state), rounds_key,
+                              record)
+        state = program.restored(saved)
         if checkpoints is not None:
             checkpoints.resumed_at(done)
         chunks = [(first, count) for first, count in chunks if first > done]
@@ -294,6 +319,8 @@ def _run(
     program.compile_rounds({}, state, rounds_key, data)
     memory.check_program_fits(program.working_bytes(init=False), "a round", config,
                               memory.resident_bytes(data, state))
+    if store.kind != "device" and not streamed_start:  # said once the run is sure to start
+        print(f"mcfl: client store: {store.kind} ({store.reason})", file=sys.stderr)
     for observer in observers:
         observer.started(config, later)
         for row in record.rows:  # a resumed run's rows so far
@@ -303,12 +330,15 @@ def _run(
         out = records.summary(config, dataset, record, started, plan, status)
         return {**out, "init_seconds": init_seconds,
                 "compile_seconds": program.compile_seconds - compiled_before,
-                "low_rank": plan.low_rank, "devices": engine.client_shards()}
+                "low_rank": plan.low_rank, "devices": engine.client_shards(),
+                "client_store": store.kind, "client_store_reason": store.reason}
 
     def save(last_round: int, state) -> None:
-        checkpoints.save(last_round, state, rounds_key, config.to_dict(),
+        checkpoints.save(last_round, program.checkpoint_state(last_round, state), rounds_key,
+                         config.to_dict(),
                          {"rows": record.rows, "round_seconds": record.round_seconds,
                           "assignment_rounds": record.assignment_rounds}, record.assignments)
+        program.checkpointed()
 
     # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
     last = len(chunks) - 1

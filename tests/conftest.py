@@ -148,6 +148,7 @@ class Bound:
         self.client_models = algorithm.client_models
         self.assignments = algorithm.assignments
         self.view = algorithm.view
+        self.client_rows, self.store_dtype = algorithm.client_rows, algorithm.store_dtype
 
         def init(data, key):
             with planned_block_size(block_size):

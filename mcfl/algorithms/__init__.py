@@ -89,7 +89,8 @@ def hyperparams(config: RunConfig, model: ModelSpec,
 
 def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int) -> AlgorithmContext:
     """What every algorithm is built from, as the config says."""
-    return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1)
+    return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1,
+                            config.client_store_dtype)
 
 
 def build_algorithm(config: RunConfig, model: ModelSpec,

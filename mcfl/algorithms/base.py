@@ -50,6 +50,25 @@ class FederatedAlgorithm(NamedTuple):
     # The data as the clients hold it now, when a distribution shift changes it
     # (mcfl.algorithms.shift).
     view: Optional[Callable[[State, Any], Any]] = None
+    # Per-client state as rows of a client store (`mcfl.algorithms.stored.ClientRows`), and
+    # the dtype the rows are stored in; None: the state holds nothing per client.
+    client_rows: Any = None
+    store_dtype: str = "float32"
+    # An initialisation that trains every client once and clusters their models, in parts a
+    # client store can stream (`PopulationStart`); None: `init` only.
+    population_start: Any = None
+
+
+class PopulationStart(NamedTuple):
+    """An `init` that trains every client once and clusters the trained models (FeSEM's and
+    Robust's start), cut where the population's models are: ``points(data, key, hp, clients
+    [b]) -> [b, f]`` float32 features of a block of clients trained from the start, and
+    ``finish(data, key, hp, source) -> state`` clusters the points read from `source` (a
+    `mcfl.clustering.streamed.RowSource`) chunk by chunk. Run in full (`init`) it is one
+    program on the device; with a client store the points go to the store between the two."""
+
+    points: Callable
+    finish: Callable
 
 
 def refuse_mutable_state(model, algorithm: str) -> None:

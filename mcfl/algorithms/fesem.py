@@ -19,8 +19,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack
+from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, stack
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_means,
@@ -32,6 +33,7 @@ from mcfl.algorithms.clustered import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import kmeans
+from mcfl.clustering.streamed import cluster_means_streamed, kmeans_streamed
 from mcfl.engine import (
     PyTree,
     RoundClients,
@@ -109,27 +111,58 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
             return data.train_counts[clients]
         return jnp.ones(clients.shape, jnp.int32)
 
-    def init(data, key, hp):
-        last_layer = hp.params.last_layer
-        init_key, train_key, kmeans_key = jax.random.split(key, 3)
+    def start_points(data, key, hp, clients):
+        """[b, f] features of `clients` trained once from W_0 (no proximal term): flattened
+        models, or their last dense kernels. Only features are collected, never the stacked
+        models besides: 500 FashionMNIST CNNs are 6.5 GB."""
+        init_key, train_key, _ = jax.random.split(key, 3)
         w0 = model.init(init_key)
-        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         selection = RoundClients(clients, jnp.zeros_like(clients))
-        plain = hp.training.replace(mu=None)  # the start trains without a proximal term
-        # Only the clients' features are collected ([C, d] flattened models, or [C, f] last
-        # dense kernels), never the stacked models besides: 500 FashionMNIST CNNs are 6.5 GB.
-        points, _ = train_and_collect(plain, data, train_key, stack(w0), selection,
-                                      features=lambda block: stacked_features(block, last_layer))
-        result = kmeans(kmeans_key, points, num_clusters, restarts=hp.params.restarts)
-        labels = result.labels.astype(jnp.int32)
-        weights = m_step_weights(data, clients, hp.params)
-        if last_layer:  # the centers need whole models: a second, streamed pass (same models)
+        plain = hp.training.replace(mu=None)
+        points, _ = train_and_collect(
+            plain, data, train_key, stack(w0), selection,
+            features=lambda block: stacked_features(block, hp.params.last_layer))
+        return points
+
+    def start_state(data, key, hp, labels, means):
+        """The state from the start's labels; the centers are the members' means (`means`
+        [K, f] of the points, or for last-layer features a second pass of the same training,
+        aggregated as it goes)."""
+        init_key, train_key, _ = jax.random.split(key, 3)
+        w0 = model.init(init_key)
+        if hp.params.last_layer:
+            clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+            selection = RoundClients(clients, jnp.zeros_like(clients))
             sums, weight_sums, _, _ = train_and_aggregate(
-                plain, data, train_key, stack(w0), selection, weights, labels, num_clusters)
+                hp.training.replace(mu=None), data, train_key, stack(w0), selection,
+                m_step_weights(data, clients, hp.params), labels, num_clusters)
             centers = segment_mean(sums, weight_sums, stack(w0, num_clusters))
         else:
-            centers = unravel_rows(cluster_means(points, labels, num_clusters, weights), w0)
+            centers = unravel_rows(means, w0)
         return ClusterState.create(centers, labels, jnp.ones((num_clusters,), bool))
+
+    def init(data, key, hp):
+        kmeans_key = jax.random.split(key, 3)[2]
+        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+        points = start_points(data, key, hp, clients)
+        labels = kmeans(kmeans_key, points, num_clusters,
+                        restarts=hp.params.restarts).labels.astype(jnp.int32)
+        means = cluster_means(points, labels, num_clusters,
+                              m_step_weights(data, clients, hp.params))
+        return start_state(data, key, hp, labels, means)
+
+    def finish(data, key, hp, source):
+        """`init` with the points read from `source` in chunks (a client store)."""
+        kmeans_key = jax.random.split(key, 3)[2]
+        labels = np.asarray(kmeans_streamed(kmeans_key, source, num_clusters,
+                                            restarts=hp.params.restarts).labels, np.int32)
+        means = None
+        if not hp.params.last_layer:
+            weights = m_step_weights(data, jnp.arange(data.num_clients, dtype=jnp.int32),
+                                     hp.params)
+            means = jnp.asarray(cluster_means_streamed(source, labels, num_clusters,
+                                                       np.asarray(weights)), jnp.float32)
+        return jax.jit(start_state)(data, key, hp, jnp.asarray(labels), means)
 
     def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
@@ -155,4 +188,5 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
         return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
                             data.train_counts[clients], num_clusters)
 
-    return clustered_algorithm(name, init, round_)
+    return clustered_algorithm(name, init, round_,
+                               population_start=PopulationStart(start_points, finish))

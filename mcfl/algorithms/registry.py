@@ -32,6 +32,7 @@ class AlgorithmContext(NamedTuple):
     model: Any  # mcfl.models.ModelSpec
     clients_per_round: int
     num_clusters: int = 1
+    store_dtype: str = "float32"  # the dtype per-client rows are stored in (mcfl.store)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,12 @@ from typing import Annotated
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    FederatedAlgorithm,
+    PopulationStart,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_count,
@@ -33,6 +38,7 @@ from mcfl.algorithms.clustered import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
+from mcfl.clustering.streamed import trimmed_kmeans_streamed
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.sampling import round_clients
 from mcfl.settings import Static, setting
@@ -62,19 +68,38 @@ class RobustParams:
 def robust(context: AlgorithmContext) -> FederatedAlgorithm:
     model, num_clusters = context.model, context.num_clusters
 
-    def init(data, key, hp):
-        params = hp.params
-        init_key, train_key, cluster_key = jax.random.split(key, 3)
+    def start_points(data, key, hp, clients):
+        """[b, d] flattened local models of `clients`, trained once from W_0."""
+        init_key, train_key, _ = jax.random.split(key, 3)
         w0 = model.init(init_key)
-        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
-        # the clients' flattened local models [C, d], collected block by block
-        local_models, _ = train_and_collect(hp.training, data, train_key, stack(w0),
-                                            RoundClients(clients, jnp.zeros_like(clients)),
-                                            features=flat_models)
-        labels, centers, _ = trimmed_kmeans(cluster_key, local_models, num_clusters,
-                                            params.trim, params.centroid, params.iterations)
+        points, _ = train_and_collect(hp.training, data, train_key, stack(w0),
+                                      RoundClients(clients, jnp.zeros_like(clients)),
+                                      features=flat_models)
+        return points
+
+    def start_state(key, labels, centers):
+        w0 = model.init(jax.random.split(key, 3)[0])
         return ClusterState.create(unravel_rows(centers, w0), labels,
                                    jnp.ones((num_clusters,), bool))
+
+    def init(data, key, hp):
+        params = hp.params
+        cluster_key = jax.random.split(key, 3)[2]
+        local_models = start_points(data, key, hp,
+                                    jnp.arange(data.num_clients, dtype=jnp.int32))
+        labels, centers, _ = trimmed_kmeans(cluster_key, local_models, num_clusters,
+                                            params.trim, params.centroid, params.iterations)
+        return start_state(key, labels, centers)
+
+    def finish(data, key, hp, source):
+        """`init` with the local models read from `source` in chunks (a client store)."""
+        del data
+        params = hp.params
+        labels, centers, _ = trimmed_kmeans_streamed(
+            jax.random.split(key, 3)[2], source, num_clusters, params.trim, params.centroid,
+            params.iterations)
+        return jax.jit(start_state)(key, jnp.asarray(labels, jnp.int32),
+                                    jnp.asarray(centers, jnp.float32))
 
     def round_(state, data, key, hp):
         params = hp.params
@@ -98,4 +123,5 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
         return state.replace(models=models, assignment=assignment, sizes=sizes,
                              round=state.round + 1), metrics
 
-    return clustered_algorithm("robust", init, round_)
+    return clustered_algorithm("robust", init, round_,
+                               population_start=PopulationStart(start_points, finish))

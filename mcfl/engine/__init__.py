@@ -48,7 +48,7 @@ from mcfl.engine.clients import (
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.engine.evaluate import EvalCounts, evaluate_counts
+from mcfl.engine.evaluate import EvalCounts, evaluate_clients, evaluate_counts
 from mcfl.engine.segments import segment_mean, segment_sums
 from mcfl.engine.training import (
     ApplyFn,
@@ -81,6 +81,7 @@ __all__ = [
     "client_num_steps",
     "client_shards",
     "default_block_size",
+    "evaluate_clients",
     "evaluate_counts",
     "full_gradient",
     "gradient_of_client",

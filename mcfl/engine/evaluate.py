@@ -122,7 +122,24 @@ def _evaluate_by_model(apply_fn, data, models, model_index, block_size, chunk, s
     return _counts_from_rows(owner[rows], y[rows], pred, loss, valid, c, data.num_classes)
 
 
-def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_batch, split):
+def evaluate_clients(
+    apply_fn: ApplyFn,
+    data: FederatedData,
+    models: PyTree,
+    clients: jax.Array,
+    block_size: int,
+    eval_batch: int = DEFAULT_EVAL_BATCH,
+    split: str = "test",
+) -> EvalCounts:
+    """[b] counts of the clients `clients` [b], client ``clients[j]`` on its own `split` rows
+    with its own model ``models[j]`` (a block of clients whose models a client store holds)."""
+    index = jnp.arange(clients.shape[0], dtype=jnp.int32)
+    return _evaluate_by_client(apply_fn, data, models, index, block_size,
+                               min(eval_batch, CLIENT_ROWS_CHUNK), split, clients)
+
+
+def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_batch, split,
+                        clients=None):
     x, y, _, offsets, counts, order = _split_arrays(data, split)
     nc = data.num_classes
 
@@ -152,9 +169,11 @@ def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_ba
         zeros = jnp.zeros((nc,), jnp.float32)
         return jax.lax.fori_loop(0, loop_length, body, EvalCounts(zero, zero, zeros, zeros, zeros))
 
+    if clients is None:
+        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
     inputs = {
-        "client": jnp.arange(data.num_clients, dtype=jnp.int32),
+        "client": clients,
         "model": model_index.astype(jnp.int32),
-        "chunks": ceil_div(counts, eval_batch),
+        "chunks": ceil_div(counts[clients], eval_batch),
     }
     return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)

@@ -27,9 +27,10 @@ from mcfl.errors import ConfigError
 from mcfl.loop import LoopHooks, run_rounds
 from mcfl.models.build import model_label
 from mcfl.plan import client_mesh, plan_run
-from mcfl.program import RoundProgram, member_mesh, round_program
+from mcfl.program import RoundProgram, member_mesh
 from mcfl.records import MemberRecord
 from mcfl.run_folder import check_target, prepare_folder
+from mcfl.store import run_program
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.observed import Followers, check_factories, later_columns
@@ -147,6 +148,7 @@ def sweep(
     devices = config.devices or len(jax.devices())
     mesh = member_mesh(devices)
     status = "completed"
+    programs: list[RoundProgram] = []
 
     def tick(count: int) -> None:
         nonlocal done
@@ -157,8 +159,11 @@ def sweep(
     try:
         for g, grp in enumerate(groups):
             data = _dataset_for(grp, datasets, dataset, cache_dir)
-            program = round_program(grp.base, plan_run(grp.base, data, model), data.arrays,
-                                    grp.traced, members=True, mesh=mesh, width=member_width)
+            program, _ = run_program(grp.base, plan_run(grp.base, data, model), data.arrays,
+                                     None, members=True, traced=grp.traced,
+                                     member_count=len(grp.members), mesh=mesh,
+                                     width=member_width)
+            programs.append(program)
             compiled_before = program.compile_seconds  # (a kept program has compiled already)
             size = fit(program, grp.members, data.arrays, memory_budget(), devices,
                        members_per_chunk)
@@ -184,6 +189,8 @@ def sweep(
         status = "interrupted" if isinstance(stop, KeyboardInterrupt) else "error"
         raise
     finally:
+        for program in programs:  # a disk store's temporary folder goes
+            program.close()
         result.spec.update(status=status, wall_seconds=time.perf_counter() - started,
                            backend=jax.default_backend(), devices=len(jax.devices()),
                            jax_version=jax.__version__)

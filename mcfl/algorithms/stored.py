@@ -1,0 +1,164 @@
+"""Per-client state kept as rows of a client store (`mcfl.store`), read and written per round.
+
+An algorithm that keeps something per client (Local's models; personal models, control
+variates) describes it as `ClientRows`: the rows of a round's clients are gathered, the round
+runs on them and on the algorithm's shared state, and the trained rows are written back. The
+rows live where the run's client store puts them: in the algorithm's state on the device
+(`with_client_rows` builds that algorithm: gather, round, scatter in one jitted function, so
+`scan_rounds` works), or in host memory or on disk, one round at a time (`mcfl.store`), where
+the same `ClientRows.round` runs on rows the host gathered. Both run the same round function
+on the same rows, so the stores give the same results.
+
+Rows are stored in the store's dtype (float32, or bfloat16 to halve the memory: floating
+leaves only) and trained in float32: the cast to storage happens in the jitted round, so
+every store rounds the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.engine import evaluate_clients
+
+
+class ClientRows(NamedTuple):
+    """What an algorithm keeps per client, as functions of its shared state (`init_shared`'s
+    result, carried by the rounds) and a block of clients' rows ([b, ...] pytrees, float32).
+
+    * ``init_shared(data, key, hp) -> shared``;
+    * ``fresh(shared, clients [b]) -> rows``: the rows of clients that never trained, from the
+      shared state right after `init_shared` (Local: the common start W_0);
+    * ``sample(data, key) -> clients [S]``: the clients whose rows round `key` reads and
+      writes (known before the round runs, so a store can fetch them early);
+    * ``round(shared, rows [S], clients, data, key, hp) -> (shared, rows [S], metrics)``;
+    * ``models(shared, rows [b], clients [b]) -> models [b, ...]``: the model each of a block
+      of clients is evaluated with.
+    """
+
+    init_shared: Callable
+    fresh: Callable
+    sample: Callable
+    round: Callable
+    models: Callable
+
+
+class StoredState(flax.struct.PyTreeNode):
+    """An algorithm's state with its client rows on the device: `shared`, and `rows` [C, ...]
+    in the storage dtype."""
+
+    shared: Any
+    rows: Any
+
+
+def storage_dtype(name: str):
+    return jnp.bfloat16 if name == "bfloat16" else jnp.float32
+
+
+def to_storage(rows, dtype_name: str):
+    """Rows as stored: floating leaves in the storage dtype, others as they are."""
+    dtype = storage_dtype(dtype_name)
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                        else x, rows)
+
+
+def to_training(rows, like):
+    """Stored rows back in the dtypes of `like` (float32 for training)."""
+    return jax.tree.map(lambda x, ref: x.astype(ref.dtype), rows, like)
+
+
+def stored_round(client_rows: ClientRows, dtype_name: str, shared, stored, clients, data, key,
+                 hp, like):
+    """One round on stored rows [S] (in the storage dtype): (shared, stored rows [S],
+    metrics). `like`: rows in training dtypes (shapes ignored) to cast back to."""
+    shared, rows, metrics = client_rows.round(shared, to_training(stored, like), clients, data,
+                                              key, hp)
+    return shared, to_storage(rows, dtype_name), metrics
+
+
+def with_client_rows(name: str, client_rows: ClientRows, dtype_name: str = "float32",
+                     assignments=None) -> FederatedAlgorithm:
+    """The algorithm with its rows [C, ...] in its state on the device (the `device` store)."""
+
+    def init(data, key, hp):
+        shared = client_rows.init_shared(data, key, hp)
+        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+        return StoredState(shared, to_storage(client_rows.fresh(shared, clients), dtype_name))
+
+    def fresh_like(shared):
+        return client_rows.fresh(shared, jnp.zeros((1,), jnp.int32))
+
+    def round_(state, data, key, hp):
+        clients = client_rows.sample(data, key)
+        stored = jax.tree.map(lambda all_rows: all_rows[clients], state.rows)
+        shared, new, metrics = stored_round(client_rows, dtype_name, state.shared, stored,
+                                            clients, data, key, hp, fresh_like(state.shared))
+        rows = jax.tree.map(lambda all_rows, r: all_rows.at[clients].set(r), state.rows, new)
+        return StoredState(shared, rows), metrics
+
+    def client_models(state):
+        num_clients = jax.tree.leaves(state.rows)[0].shape[0]
+        clients = jnp.arange(num_clients, dtype=jnp.int32)
+        rows = to_training(state.rows, fresh_like(state.shared))
+        return client_rows.models(state.shared, rows, clients), clients
+
+    wrapped_assignments = None
+    if assignments is not None:
+        wrapped_assignments = lambda state: assignments(state.shared)  # noqa: E731
+    return FederatedAlgorithm(name, init, round_, client_models, wrapped_assignments,
+                              client_rows=client_rows, store_dtype=dtype_name)
+
+
+def with_fresh(client_rows: ClientRows, dtype_name: str, initial, stored, written, clients):
+    """Stored rows [b] with those never written (`written` [b] false) made fresh from the
+    initial shared state, in the storage dtype."""
+    fresh = to_storage(client_rows.fresh(initial, clients), dtype_name)
+    return jax.tree.map(
+        lambda s, f: jnp.where(written.reshape((-1,) + (1,) * (s.ndim - 1)), s, f),
+        stored, fresh)
+
+
+# Clients evaluated together: their models, in float32, take at most this many bytes.
+EVAL_CHUNK_BYTES = 1 << 28
+
+
+def evaluation_chunk(num_clients: int, row_floats: int) -> int:
+    """Clients per evaluation chunk of a store's rows (every store uses the same, so that
+    they compute the same numbers)."""
+    return max(1, min(num_clients, EVAL_CHUNK_BYTES // max(4 * row_floats, 1)))
+
+
+def evaluate_rows(client_rows: ClientRows, dtype_name: str, apply_fn, block_size: int, shared,
+                  initial, stored, written, clients, data):
+    """[b] evaluation counts of a block of clients, each with the model its row gives
+    (`ClientRows.models`)."""
+    rows = with_fresh(client_rows, dtype_name, initial, stored, written, clients)
+    like = client_rows.fresh(initial, clients[:1])
+    models = client_rows.models(shared, to_training(rows, like), clients)
+    return evaluate_clients(apply_fn, data, models, clients, block_size)
+
+
+def evaluate_device_rows(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
+                         state: StoredState, data):
+    """Every client's evaluation counts from rows held on the device ([C, ...] in `state`),
+    chunk by chunk as a host or disk store evaluates them (`evaluation_chunk`)."""
+    client_rows, dtype_name = algorithm.client_rows, algorithm.store_dtype
+    num_clients = data.num_clients
+    row_floats = sum(x[0].size for x in jax.tree.leaves(state.rows))
+    chunk = evaluation_chunk(num_clients, row_floats)
+    num_chunks = -(-num_clients // chunk)
+    starts = jnp.arange(num_chunks, dtype=jnp.int32) * chunk
+
+    def one_chunk(lo):
+        clients = jnp.minimum(lo + jnp.arange(chunk, dtype=jnp.int32), num_clients - 1)
+        stored = jax.tree.map(lambda r: r[clients], state.rows)
+        return evaluate_rows(client_rows, dtype_name, apply_fn, block_size, state.shared,
+                             state.shared, stored, jnp.ones((chunk,), bool), clients, data)
+
+    counts = jax.lax.map(one_chunk, starts)  # [num_chunks, chunk, ...]
+    return jax.tree.map(lambda c: c.reshape((-1,) + c.shape[2:])[:num_clients], counts)

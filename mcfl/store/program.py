@@ -1,0 +1,336 @@
+"""The round program of a run whose clients' rows live in a host or disk store.
+
+`StoredProgram` answers what `mcfl.loop` and the runner ask of a `RoundProgram` (init, rounds,
+evaluate, compile, checkpoint), with the algorithm's shared state on the device and its client
+rows (`mcfl.algorithms.stored.ClientRows`) in the store. A round:
+
+1. the round's clients come from its key (`ClientRows.sample`), before the round runs;
+2. their rows are gathered from the store (fetched already: see below), the never-trained
+   ones made fresh on the device;
+3. the round runs on the device (`ClientRows.round`, the function the device store runs);
+4. the trained rows are written back by a writer thread while the next round computes.
+
+Round r + 1's clients are known from its key, so their rows are read by a reader thread while
+round r computes (rows round r is training are taken from its result instead of the store).
+Evaluation reads the store in chunks of clients (`stored.evaluation_chunk`), as the device
+store evaluates its rows. Rounds run one at a time: `scan_rounds` needs the rows on the
+device.
+
+An algorithm whose *initialisation* trains every client once and clusters the models (FeSEM,
+Robust: `PopulationStart`) streams the clients' models through the store instead, in chunks,
+and clusters them with the streamed k-means (`mcfl.clustering.streamed`); its rounds then run
+on the device as usual.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mcfl.algorithms import hyperparams
+from mcfl.algorithms.stored import (
+    StoredState,
+    evaluate_rows,
+    evaluation_chunk,
+    stored_round,
+    to_storage,
+    with_fresh,
+)
+from mcfl.config import RunConfig
+from mcfl.engine import EvalCounts
+from mcfl.plan import RunPlan
+from mcfl.program import RoundProgram, over_members
+from mcfl.store.layout import RowLayout
+from mcfl.store.start import streamed_start
+from mcfl.store.stores import make_store
+
+
+class StoredProgram(RoundProgram):
+    """`RoundProgram` with the client rows in a `kind` ("host" or "disk") store in `folder`
+    (None: host memory only, or for disk a temporary folder the caller provides)."""
+
+    def __init__(self, config: RunConfig, plan: RunPlan, kind: str, folder: Optional[Path],
+                 traced=(), members: bool = False, mesh=None, width=None, jit_options=None):
+        super().__init__(config.replace(scan_rounds=False), plan, traced, members, mesh, width,
+                         jit_options)
+        self.kind, self.folder = kind, folder
+        self.temporary = False  # the folder is the program's own, removed when it closes
+        algorithm = self.algorithm
+        self.rows_kept = algorithm.client_rows is not None  # else: a streamed start
+        self.store = None
+        self.initial = None  # the shared state right after init (fresh rows come from it)
+        self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="mcfl-store")
+        self._writing: Optional[concurrent.futures.Future] = None
+        self._fetched = None  # (round, clients [M, S], future of the gather)
+        self._last = None  # (clients [M, S], packed rows [M, S, B]) of the last round
+        if not self.rows_kept:
+            return
+        client_rows, dtype = algorithm.client_rows, algorithm.store_dtype
+        jit_options = jit_options or {}
+        lift = (functools.partial(over_members, mesh=mesh, width=width) if members
+                else lambda fn, batched: fn)
+
+        def hp(values):
+            return hyperparams(config, plan.model, values)
+
+        def init(values, init_key, data):
+            return client_rows.init_shared(data, init_key, hp(values))
+
+        def sample(rounds_key, data, r):
+            return client_rows.sample(data, jax.random.fold_in(rounds_key, r))
+
+        def round_(values, shared, stored, written, clients, data, rounds_key, r, initial):
+            rows = with_fresh(client_rows, dtype, initial, stored, written, clients)
+            like = client_rows.fresh(initial, clients[:1])
+            shared, rows, metrics = stored_round(
+                client_rows, dtype, shared, rows, clients, data,
+                jax.random.fold_in(rounds_key, r), hp(values), like)
+            return shared, rows, jax.tree.map(lambda m: m[None], metrics)
+
+        def evaluate_chunk(shared, stored, written, clients, data, initial):
+            return evaluate_rows(client_rows, dtype, plan.model.apply, plan.eval_block, shared,
+                                 initial, stored, written, clients, data)
+
+        def assignments(shared):
+            return algorithm.assignments(type(self).wrapped_state(shared))
+
+        self._init = jax.jit(lift(init, (True, True, False)), **jit_options)
+        self._sample = jax.jit(lift(sample, (True, False, False)), **jit_options)
+        self._round = jax.jit(lift(round_, (True, True, True, True, True, False, True, False,
+                                            True)), **jit_options)
+        self._evaluate_chunk = jax.jit(lift(evaluate_chunk, (True, True, True, False, False,
+                                                             True)), **jit_options)
+        self._assignments = (jax.jit(lift(assignments, (True,)), **jit_options)
+                             if self.clustered else None)
+
+    @staticmethod
+    def wrapped_state(shared):
+        return StoredState(shared, None)
+
+    # ---- the member axis: the store always has one, a single run's arrays get it here
+    def _with_members(self, x):
+        return x if self.members else jax.tree.map(lambda a: np.asarray(a)[None], x)
+
+    def _without_members(self, x):
+        return x if self.members else jax.tree.map(lambda a: a[0], x)
+
+    # ---- compile
+    def compile_init(self, values, init_keys, data) -> None:
+        if self.rows_kept:
+            self._lower_and_compile({"init": (self._init, (values, init_keys, data))})
+
+    def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
+        if not self.rows_kept:
+            return super().compile_rounds(values, state, rounds_keys, data)
+        self.num_clients = int(data.num_clients)
+        initial = self.initial if self.initial is not None else state
+        self.layout = self._layout(initial)
+        first = jnp.asarray(1, jnp.int32)
+        clients = jax.eval_shape(self._sample, rounds_keys, data, first)
+        stored = self._rows_like(clients.shape)
+        written = jax.ShapeDtypeStruct(clients.shape, jnp.bool_)
+        chunk = self._eval_chunk()
+        chunk_clients = jax.ShapeDtypeStruct((chunk,), jnp.int32)
+        member = clients.shape[:-1]
+        programs = {
+            "sample": (self._sample, (rounds_keys, data, first)),
+            "round": (self._round, (values, state, stored, written, clients, data,
+                                    rounds_keys, first, initial)),
+            "evaluate": (self._evaluate_chunk, (state, self._rows_like(member + (chunk,)),
+                                                jax.ShapeDtypeStruct(member + (chunk,),
+                                                                     jnp.bool_),
+                                                chunk_clients, data, initial)),
+        }
+        if self._assignments is not None:
+            programs["assignments"] = (self._assignments, (state,))
+        self._lower_and_compile(programs)
+        return None
+
+    def _rows_like(self, shape):
+        """Abstract stored rows [*shape, ...]."""
+        leaves = [jax.ShapeDtypeStruct(tuple(shape) + s, d)
+                  for s, d in zip(self.layout.shapes, self.layout.dtypes)]
+        return jax.tree.unflatten(self.layout.treedef, leaves)
+
+    def _layout(self, shared) -> RowLayout:
+        """The layout of one client's stored row, for a shared state like `shared`."""
+        client_rows, dtype = self.algorithm.client_rows, self.algorithm.store_dtype
+        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shared)
+               if self.members else shared)
+        row = jax.eval_shape(lambda s: to_storage(client_rows.fresh(
+            s, jnp.zeros((1,), jnp.int32)), dtype), one)
+        return RowLayout.of(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                                         row))
+
+    def _eval_chunk(self) -> int:
+        return evaluation_chunk(self.num_clients, self.layout.floats())
+
+    # ---- init
+    def init(self, values, init_keys, data):
+        self.num_clients = int(data.num_clients)
+        members = int(np.shape(jax.random.key_data(init_keys))[0]) if self.members else 1
+        if not self.rows_kept:
+            self.store = None
+            return streamed_start(self, values, init_keys, data, members)
+        shared = jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
+        self.initial = shared
+        self.layout = self._layout(shared)
+        self.close()
+        self.store = make_store(self.kind, members, self.num_clients, self.layout.row_bytes,
+                                self.folder)
+        return shared
+
+    # ---- rounds
+    def rounds(self, count: int, values, state, data, rounds_keys, first: int):
+        if not self.rows_kept:
+            return super().rounds(count, values, state, data, rounds_keys, first)
+        assert count == 1, "a host or disk store runs round by round"
+        clients, packed, written = self._gather_round(first, rounds_keys, data)
+        stored = jax.tree.map(jnp.asarray, self.layout.unpack(
+            packed.reshape(-1, packed.shape[-1])))
+        stored = jax.tree.map(lambda x: x.reshape(packed.shape[:2] + x.shape[1:]), stored)
+        args = (values, state, self._without_members(stored),
+                self._without_members(written), self._without_members(clients), data,
+                rounds_keys, jnp.asarray(first, jnp.int32), self.initial)
+        state, new_rows, metrics = self._compiled["round"][1](*args)
+        self.wait_writes()  # the previous round's rows are in the store
+        if first < self.config.rounds:  # fetch the next round's rows while this one runs
+            upcoming = self._round_clients(first + 1, rounds_keys, data)
+            skip = _members_in(upcoming, clients)
+            self._fetched = (first + 1, upcoming,
+                             self._pool.submit(self.store.gather, upcoming, skip))
+        new_rows = self._with_members(jax.device_get(new_rows))
+        new_packed = self.layout.pack(jax.tree.map(
+            lambda x: x.reshape((-1,) + x.shape[2:]), new_rows)).reshape(packed.shape)
+        self._last = (clients, new_packed)
+        self._writing = self._pool.submit(self.store.scatter, clients, new_packed, first)
+        return state, jax.device_get(metrics)
+
+    def _round_clients(self, r: int, rounds_keys, data) -> np.ndarray:
+        clients = self._compiled["sample"][1](rounds_keys, data, jnp.asarray(r, jnp.int32))
+        return self._with_members(np.asarray(jax.device_get(clients), np.int64))
+
+    def _gather_round(self, r: int, rounds_keys, data):
+        """([M, S] clients, [M, S, B] rows, [M, S] written) of round `r`: the fetched rows, or
+        read now; rows the last round trained come from its result."""
+        if self._fetched is not None and self._fetched[0] == r:
+            _, clients, future = self._fetched
+            packed, written = future.result()
+        else:
+            clients = self._round_clients(r, rounds_keys, data)
+            self.wait_writes()
+            packed, written = self.store.gather(clients)
+        self._fetched = None
+        if self._last is not None:
+            last_clients, last_packed = self._last
+            for m in range(clients.shape[0]):
+                where = {int(c): j for j, c in enumerate(last_clients[m])}
+                for j, c in enumerate(clients[m].tolist()):
+                    if c in where:
+                        packed[m, j] = last_packed[m, where[c]]
+                        written[m, j] = True
+        return clients, packed, written
+
+    def wait_writes(self) -> None:
+        """Wait for the rows being written (a failed write raises here)."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            writing.result()
+
+    # ---- evaluation
+    def evaluate(self, values, state, data):
+        if not self.rows_kept:
+            return super().evaluate(values, state, data)
+        self.wait_writes()
+        chunk, c = self._eval_chunk(), self.num_clients
+        members = self.store.members
+        parts = []
+        reading = self._pool.submit(self._read_chunk, 0, chunk)
+        for lo in range(0, c, chunk):
+            packed, written = reading.result()
+            if lo + chunk < c:  # read the next chunk while this one is evaluated
+                reading = self._pool.submit(self._read_chunk, lo + chunk, chunk)
+            stored = self.layout.unpack(packed.reshape(-1, packed.shape[-1]))
+            stored = jax.tree.map(lambda x: jnp.asarray(x.reshape((members, chunk)
+                                                                   + x.shape[1:])), stored)
+            clients = jnp.minimum(lo + jnp.arange(chunk, dtype=jnp.int32), c - 1)
+            counts = self._compiled["evaluate"][1](
+                state, self._without_members(stored), self._without_members(written), clients,
+                data, self.initial)
+            parts.append(jax.device_get(counts))
+        axis = 1 if self.members else 0
+        counts = jax.tree.map(lambda *p: np.concatenate(p, axis=axis).take(
+            np.arange(c), axis=axis), *parts)
+        assigned = (self._compiled["assignments"][1](state) if self._assignments is not None
+                    else None)
+        test_counts = np.asarray(data.test_counts)
+        if self.members:
+            test_counts = np.broadcast_to(test_counts, (members,) + test_counts.shape)
+        return EvalCounts(*counts), test_counts, jax.device_get(assigned)
+
+    def _read_chunk(self, lo: int, chunk: int):
+        """[M, chunk, B] rows and [M, chunk] written of clients lo, lo + 1, ... (past the last
+        client: the last client again, as the device store pads)."""
+        hi = min(lo + chunk, self.num_clients)
+        rows, written = zip(*(self.store.chunk(m, lo, hi) for m in range(self.store.members)))
+        rows, written = np.stack(rows), np.stack(written)
+        if hi - lo < chunk:
+            pad = chunk - (hi - lo)
+            rows = np.concatenate([rows, np.repeat(rows[:, -1:], pad, axis=1)], axis=1)
+            written = np.concatenate([written, np.repeat(written[:, -1:], pad, axis=1)], axis=1)
+        return rows, written
+
+    # ---- checkpoints
+    def checkpoint_state(self, round_: int, state):
+        """What a checkpoint of round `round_` saves: the state and the store's manifest."""
+        if self.store is None:
+            return state
+        self.wait_writes()
+        self._manifest = self.store.manifest(round_)
+        return {"state": state, "store": self._manifest}
+
+    def checkpointed(self) -> None:
+        if self.store is not None:
+            self.store.checkpointed(self._manifest)
+
+    def checkpoint_template(self, state):
+        if self.store is None:
+            return state
+        return {"state": state, "store": np.zeros((self.store.members, self.num_clients),
+                                                  np.int32)}
+
+    def restored(self, saved):
+        if self.store is None:
+            return saved
+        self.store.restore(np.asarray(saved["store"]))
+        self._fetched = self._last = None
+        return saved["state"]
+
+    def move_to(self, folder: Path) -> None:
+        """The run folder moved (a replaced run swapped in): the store is now in `folder`."""
+        self.wait_writes()
+        self.folder = folder
+        if self.store is not None:
+            self.store.move_to(folder)
+
+    def close(self) -> None:
+        """Wait for the writes in flight; a temporary folder is removed, a run folder's
+        store stays (its checkpoints name its rows)."""
+        if self.store is not None:
+            try:
+                self.wait_writes()
+            finally:
+                self.store.close()
+                if self.temporary:
+                    self.store.remove()
+
+
+def _members_in(upcoming: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """[M, S] whether each upcoming client is one of its member's current clients."""
+    return np.stack([np.isin(u, c) for u, c in zip(upcoming, current)])

@@ -1,0 +1,257 @@
+"""Client stores (`mcfl.store`): what clients keep between rounds in device memory, host memory
+or on disk gives the same run; checkpoints name rows instead of copying them; kills, full disks
+and unwritable folders lose nothing."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mcfl
+from mcfl import faults
+from mcfl.algorithms import build_algorithm, hyperparams
+from mcfl.apps.cli import main
+from mcfl.atomic import WriteError
+from mcfl.plan import plan_run
+from mcfl.store import files as store_files
+from mcfl.store.choose import choose_store
+from mcfl.store.layout import RowLayout
+from mcfl.store.stores import DiskStore, HostStore
+from tests.test_checkpoint import assert_same_run
+
+# Two planted groups (digits, rotated): clusterings without ties of exactly equal cost, which
+# rounding alone decides (one outlier trimmed or alone in its cluster, either way).
+BASE = dict(dataset="digits", partition="rotated:2", model="mlp", hidden=(8,), clients=12,
+            rounds=3, clients_per_round=4, lr=0.05, clusters=2, eval_every=1, embed_clients=4,
+            seed=3)
+STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
+            "robust": {"robust_centroid": "median"}}
+
+
+def _without_timings(result):
+    return [{k: v for k, v in row.items() if "second" not in k} for row in result.rounds]
+
+
+def assert_same_rows(a, b):
+    """The same rows to float32 rounding. (Fully optimised, as runs compile, the stores agree
+    bit for bit; the suite compiles with XLA's passes off, where the device store's gather
+    inside the round can round the training loss differently in the last bit.)"""
+    a, b = _without_timings(a), _without_timings(b)
+    assert [sorted(r) for r in a] == [sorted(r) for r in b]
+    for x, y in zip(a, b):
+        for key in x:
+            if isinstance(x[key], str):  # cluster sizes
+                assert x[key] == y[key], key
+            else:
+                np.testing.assert_allclose(x[key], y[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("algorithm", sorted(STATEFUL))
+def test_every_store_gives_the_run_the_device_gives(algorithm):
+    """Local keeps its models in the store; FeSEM's and Robust's starts stream every client's
+    model through it and cluster them chunk by chunk (streamed k-means, trimmed k-means with
+    medians). Rows, clients' scores and assignments are the device store's, bit for bit."""
+    runs = {store: mcfl.run(mcfl.RunConfig(algorithm=algorithm, client_store=store,
+                                           **BASE, **STATEFUL[algorithm]))
+            for store in ("device", "host", "disk")}
+    device = runs["device"]
+    assert device.summary["client_store"] == "device"
+    for store in ("host", "disk"):
+        run = runs[store]
+        assert run.summary["client_store"] == store
+        assert_same_rows(run, device)
+        assert [c["cluster"] for c in run.clients if "cluster" in c] == \
+            [c["cluster"] for c in device.clients if "cluster" in c]
+        if device.assignments is not None:
+            np.testing.assert_array_equal(run.assignments, device.assignments)
+
+
+def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32():
+    config = mcfl.RunConfig(algorithm="local", **BASE)
+    full = mcfl.run(config)
+    half = {store: mcfl.run(config.replace(client_store=store, client_store_dtype="bfloat16"))
+            for store in ("device", "disk")}
+    assert_same_rows(half["device"], half["disk"])
+    last, last_half = full.rounds[-1], half["disk"].rounds[-1]
+    assert last["test_loss"] != last_half["test_loss"]  # the rows were rounded
+    assert abs(last["accuracy_micro"] - last_half["accuracy_micro"]) < 0.05
+
+
+def test_a_sweep_keeps_its_members_rows_in_one_store():
+    config = mcfl.RunConfig(algorithm="local", **BASE)
+    on_device = mcfl.sweep(config, seeds=2, grid={"lr": [0.02, 0.05]})
+    on_disk = mcfl.sweep(config.replace(client_store="disk"), seeds=2,
+                         grid={"lr": [0.02, 0.05]})
+    assert_same_rows(on_disk, on_device)
+
+
+def test_auto_keeps_what_fits_on_the_device_and_goes_to_disk_otherwise(monkeypatch):
+    dataset = mcfl.data.load_dataset(mcfl.RunConfig(algorithm="local", **BASE))
+    config = mcfl.RunConfig(algorithm="local", **BASE)
+    plan = plan_run(config, dataset)
+    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+    hp = hyperparams(config, plan.model)
+    row_bytes = 4 * plan.params_count
+    choice = choose_store("auto", algorithm, hp, dataset.arrays)
+    assert (choice.kind, choice.stored_bytes) == ("device", 12 * row_bytes)
+    monkeypatch.setenv("MCFL_MEMORY_LIMIT", str(12 * row_bytes))  # more than half of it
+    choice = choose_store("auto", algorithm, hp, dataset.arrays)
+    assert choice.kind == "disk" and "more than half" in choice.reason
+    fedavg = build_algorithm(config.replace(algorithm="fedavg"), plan.model,
+                             plan.clients_per_round)
+    assert choose_store("disk", fedavg, hp, dataset.arrays).kind == "device"  # nothing kept
+
+
+def test_a_store_needs_the_algorithm_itself(capsys):
+    """Local under a client schedule keeps its rows in the wrapper's state: one line."""
+    code = main(["run", "--algorithm", "local", "--clients", "8", "--rounds", "1",
+                 "--client-sampling", "round_robin_first", "--client-store", "disk", "--no-cache"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "client_store='disk'" in err and "use client_store='device'" in err
+
+
+def _rows(count, seed, layout):
+    rng = np.random.default_rng(seed)
+    return layout.pack({"w": rng.normal(size=(count, 3, 2)).astype(np.float32),
+                        "b": rng.normal(size=(count, 2)).astype(jnp.bfloat16)})
+
+
+def test_layout_packs_and_unpacks_every_leaf():
+    layout = RowLayout.of({"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, jnp.bfloat16)})
+    assert layout.row_bytes == 3 * 2 * 4 + 2 * 2
+    packed = _rows(5, 0, layout)
+    again = layout.pack(layout.unpack(packed))
+    np.testing.assert_array_equal(packed, again)
+
+
+def _files(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.row"))
+
+
+def test_a_checkpoint_names_rows_and_keeps_only_what_a_manifest_names(tmp_path):
+    """Round r writes client i as ``i_r.row``; a checkpoint saves the manifest (no row is
+    copied); rows only an older checkpoint named go once a newer one is saved; restoring
+    deletes rows written after the checkpoint."""
+    layout = RowLayout.of({"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, jnp.bfloat16)})
+    store = DiskStore(1, 6, layout.row_bytes, tmp_path)
+    store.scatter(np.array([[0, 1]]), _rows(2, 1, layout)[None], 1)
+    manifest = store.manifest(1)
+    store.checkpointed(manifest)
+    store.scatter(np.array([[1, 2]]), _rows(2, 2, layout)[None], 2)
+    # client 1's round-1 row stays: the checkpoint names it
+    assert _files(tmp_path) == ["0/0/0_1.row", "0/0/1_1.row", "0/0/1_2.row", "0/0/2_2.row"]
+    store.restore(manifest)
+    assert _files(tmp_path) == ["0/0/0_1.row", "0/0/1_1.row"]
+    rows, written = store.gather(np.array([[1, 0, 2]]))
+    np.testing.assert_array_equal(written, [[True, True, False]])
+    np.testing.assert_array_equal(rows[0, :2], _rows(2, 1, layout)[::-1])
+    store.scatter(np.array([[1, 3]]), _rows(2, 3, layout)[None], 2)
+    store.checkpointed(store.manifest(2))
+    assert _files(tmp_path) == ["0/0/0_1.row", "0/0/1_2.row", "0/0/3_2.row"]
+
+
+def test_a_host_checkpoint_writes_only_the_rows_changed_since_the_last(tmp_path, monkeypatch):
+    layout = RowLayout.of({"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, jnp.bfloat16)})
+    store = HostStore(1, 100, layout.row_bytes, tmp_path)
+    store.scatter(np.array([np.arange(40)]), _rows(40, 1, layout)[None], 1)
+    store.checkpointed(store.manifest(1))
+    written = []
+    real_write = store.files.write
+    monkeypatch.setattr(store.files, "write",
+                        lambda m, clients, packed, g: (written.extend(clients.tolist()),
+                                                       real_write(m, clients, packed, g)))
+    store.scatter(np.array([[5, 60, 7]]), _rows(3, 2, layout)[None], 2)
+    manifest = store.manifest(2)
+    store.checkpointed(manifest)
+    assert sorted(written) == [5, 7, 60]
+    assert len(_files(tmp_path)) == 41
+    again = HostStore(1, 100, layout.row_bytes, tmp_path)
+    again.restore(manifest)
+    np.testing.assert_array_equal(again.rows, store.rows)
+    np.testing.assert_array_equal(again.written, store.written)
+
+
+def test_an_unwritable_store_folder_is_one_line(tmp_path, monkeypatch):
+    """A folder turned read-only (EROFS from every new file): `WriteError` names the row's
+    file; the manifest keeps naming the rows before it."""
+    layout = RowLayout.of({"w": np.zeros((3, 2), np.float32)})
+    store = DiskStore(1, 4, layout.row_bytes, tmp_path)
+    rows = layout.pack({"w": np.ones((1, 3, 2), np.float32)})[None]
+    store.scatter(np.array([[1]]), rows, 1)
+
+    def read_only(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(store_files, "open", read_only, raising=False)
+    with pytest.raises(WriteError, match=r"cannot write '.*1_2\.row': Read-only file system"):
+        store.scatter(np.array([[1]]), 2 * rows, 2)
+    assert store.files.current[0, 1] == 1
+    np.testing.assert_array_equal(store.gather(np.array([[1]]))[0], rows)
+
+
+FLAGS = ["--algorithm", "local", "--clients", "12", "--clients-per-round", "4", "--rounds", "6",
+         "--eval-every", "2", "--checkpoint-every", "2", "--client-store", "disk", "--no-cache"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    out = tmp_path_factory.mktemp("store") / "whole"
+    assert main(["run", *FLAGS, "--out", str(out)]) == 0
+    return out
+
+
+def test_a_full_disk_under_the_store_is_one_line_and_the_run_resumes(whole, tmp_path, capsys,
+                                                                      monkeypatch):
+    out = tmp_path / "run"
+    calls = []
+    real_open = open
+
+    def full_disk_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".row") and "w" in mode:
+            calls.append(path)
+            if len(calls) == 14:  # round 4's second row: rounds 1-2 are checkpointed
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, mode, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store_files, "open", full_disk_open, raising=False)
+        assert main(["run", *FLAGS, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err, err  # the store's note, the error
+    assert "No space left on device" in err and "client_store" in err
+    assert [r["round"] for r in _csv_rows(out)][:3] == ["1", "2", "3"]
+    assert main(["run", "--resume", str(out)]) == 0
+    assert_same_run(whole, out)
+
+
+def _csv_rows(folder):
+    with open(folder / "rounds.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("kill_at", ["store_write:9", "store_write:17:1"])
+def test_kill_during_a_round_then_resume_equals_the_uninterrupted_run(whole, tmp_path, kill_at):
+    """SIGKILL while a round's rows are being written (the 9th row file: round 3, after the
+    checkpoint of round 2; or 1 ms into the 17th), then --resume."""
+    out = tmp_path / "cut"
+    env = {**os.environ, faults.VARIABLE: kill_at}
+    command = [sys.executable, "-m", "mcfl", "run", *FLAGS, "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == -9, done.stderr[-2000:]
+    env.pop(faults.VARIABLE)
+    done = subprocess.run([sys.executable, "-m", "mcfl", "run", "--resume", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_run(whole, out)
+    # only rows the last checkpoint names are left
+    assert len(list((out / "client_store").rglob("*.row"))) <= 12
