@@ -13,11 +13,24 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mcfl import memory
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.clustered import flat_models
 from mcfl.clustering import truncated_svd
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
 from mcfl.sampling import sample_clients
+
+# The sampled clients' models are held three times (trained, flattened, centred), in float32:
+# at most this share of the free memory (`embedding_count`).
+MEMORY_SHARE = 0.25
+
+
+def embedding_count(wanted: int, num_clients: int, params_count: int) -> int:
+    """How many clients the embedding samples: `wanted` (at most every client), fewer when
+    their models would take more than `MEMORY_SHARE` of the device's free memory (the models
+    a disk store keeps, 1,000 of LEAF's FEMNIST CNN, are 26 GB each time)."""
+    fits = int(MEMORY_SHARE * memory.device_available()) // max(12 * params_count, 1)
+    return max(1, min(wanted, num_clients, fits))
 
 
 class ClientEmbedding(NamedTuple):

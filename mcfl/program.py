@@ -232,6 +232,11 @@ class RoundProgram:
         """The initial state, computed (waited for, so that no round counts its time)."""
         return jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
 
+    def initial_state(self, values, init_keys, data, resuming: bool = False):
+        """`init`'s state; for a run about to restore a checkpoint, what the restore needs of
+        it (here the state itself: a device program's init is cheap next to its rounds)."""
+        return self.init(values, init_keys, data)
+
     def rounds(self, count: int, values, state, data, rounds_keys, first: int):
         """(new state, metrics as NumPy arrays [count], or [M, count] with members)."""
         with warnings.catch_warnings():
@@ -246,6 +251,7 @@ class RoundProgram:
         return jax.device_get(self._compiled["evaluate"][1](values, state, data))
 
     rows_kept = False  # client rows in a host or disk store (`StoredProgram`)
+    start_streamed = False  # init trains every client through a host or disk store
 
     # What a checkpoint saves and restores beyond the state: nothing here; a client store's
     # manifest for `mcfl.store.program.StoredProgram`.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from mcfl.algorithms import hyperparams
 from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig, from_dict
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
-from mcfl.embedding import client_embedding
+from mcfl.embedding import client_embedding, embedding_count
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.loop import LoopHooks, client_scores, run_rounds
 from mcfl.models.build import model_label
@@ -39,7 +38,7 @@ from mcfl.records import MemberRecord
 from mcfl.resume import restore, resume_settings, resumed_config
 from mcfl.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 from mcfl.store import FOLDER as STORE_FOLDER
-from mcfl.store import run_program
+from mcfl.store import announce, run_program
 
 
 @dataclasses.dataclass
@@ -294,16 +293,16 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     program.compile_init({}, init_key, data)
     memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
                               memory.resident_bytes(data))
-    streamed_start = store.kind != "device" and not program.rows_kept
-    if streamed_start:  # said before the start, which trains every client
-        print(f"mcfl: client store: {store.kind} ({store.reason})", file=sys.stderr)
+    if program.start_streamed:  # said before the start, which trains every client
+        announce(store)
+    resuming = resume_dir is not None and checkpoint.exists(resume_dir)  # (else round 1)
     init_start = time.perf_counter()
-    state = program.init({}, init_key, data)
+    state = program.initial_state({}, init_key, data, resuming)
     init_seconds = time.perf_counter() - init_start
     record = MemberRecord()
     chunks = program.chunks
     checkpoints = output.checkpoints
-    if resume_dir is not None and checkpoint.exists(resume_dir):  # (else from round 1)
+    if resuming:
         saved, done = restore(resume_dir, program.checkpoint_template(state), rounds_key,
                               record)
         state = program.restored(saved)
@@ -319,8 +318,8 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     program.compile_rounds({}, state, rounds_key, data)
     memory.check_program_fits(program.working_bytes(init=False), "a round", config,
                               memory.resident_bytes(data, state))
-    if store.kind != "device" and not streamed_start:  # said once the run is sure to start
-        print(f"mcfl: client store: {store.kind} ({store.reason})", file=sys.stderr)
+    if not program.start_streamed:  # said once the run is sure to start
+        announce(store)
     for observer in observers:
         observer.started(config, later)
         for row in record.rows:  # a resumed run's rows so far
@@ -386,7 +385,7 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
 def _embedding(program: RoundProgram, config: RunConfig, state, data, rounds_key, assignment,
                dataset: FederatedDataset) -> dict[str, np.ndarray]:
     """The 2-D projection of sampled clients' local models, with their clusters."""
-    count = min(config.embed_clients, dataset.num_clients)
+    count = embedding_count(config.embed_clients, dataset.num_clients, program.plan.params_count)
     hp = hyperparams(config, program.plan.model)
     embed = jax.jit(functools.partial(client_embedding, program.algorithm, hp.training, count))
     with engine.planned_block_size(program.plan.train_block):

@@ -21,10 +21,11 @@ from mcfl.apps.cli import main
 from mcfl.atomic import WriteError
 from mcfl.plan import plan_run
 from mcfl.store import files as store_files
+from mcfl.store import program as store_program
 from mcfl.store.choose import choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.stores import DiskStore, HostStore
-from tests.test_checkpoint import assert_same_run
+from tests.test_checkpoint import SignalAt, assert_same_run
 
 # Two planted groups (digits, rotated): clusterings without ties of exactly equal cost, which
 # rounding alone decides (one outlier trimmed or alone in its cluster, either way).
@@ -255,3 +256,22 @@ def test_kill_during_a_round_then_resume_equals_the_uninterrupted_run(whole, tmp
     assert_same_run(whole, out)
     # only rows the last checkpoint names are left
     assert len(list((out / "client_store").rglob("*.row"))) <= 12
+
+
+@pytest.mark.parametrize("algorithm, store", [("local", "host"), ("fesem", "disk")])
+def test_a_stopped_run_resumes_from_its_store_without_its_start_again(algorithm, store,
+                                                                       tmp_path, monkeypatch):
+    """SIGINT at round 2, then resume: the same files as the uninterrupted run. A host store's
+    checkpoint writes its rows to the run folder; FeSEM's start, which trained every client, is
+    in the checkpoint and is not computed again."""
+    config = mcfl.RunConfig(algorithm=algorithm, client_store=store, **{**BASE, "rounds": 4},
+                            **STATEFUL[algorithm])
+    mcfl.run(config, out_dir=tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        mcfl.run(config, out_dir=tmp_path / "cut", observers=(SignalAt(2),),
+                 checkpoint_every=100)
+    if store == "host":  # the rows the checkpoint needs, written at the checkpoint
+        assert 0 < len(list((tmp_path / "cut" / "client_store").rglob("*.row"))) <= 8
+    monkeypatch.setattr(store_program, "streamed_start", lambda *a: pytest.fail("start again"))
+    mcfl.run(resume=tmp_path / "cut")
+    assert_same_run(tmp_path / "whole", tmp_path / "cut")

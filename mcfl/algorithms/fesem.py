@@ -32,6 +32,7 @@ from mcfl.algorithms.clustered import (
     unravel_rows,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import at_storage_precision
 from mcfl.clustering import kmeans
 from mcfl.clustering.streamed import cluster_means_streamed, kmeans_streamed
 from mcfl.engine import (
@@ -144,7 +145,8 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
     def init(data, key, hp):
         kmeans_key = jax.random.split(key, 3)[2]
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
-        points = start_points(data, key, hp, clients)
+        points = at_storage_precision(start_points(data, key, hp, clients),
+                                      context.store_dtype)
         labels = kmeans(kmeans_key, points, num_clusters,
                         restarts=hp.params.restarts).labels.astype(jnp.int32)
         means = cluster_means(points, labels, num_clusters,

@@ -37,6 +37,7 @@ from mcfl.algorithms.clustered import (
     unravel_rows,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import at_storage_precision
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
 from mcfl.clustering.streamed import trimmed_kmeans_streamed
 from mcfl.engine import RoundClients, train_and_collect
@@ -85,8 +86,9 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
     def init(data, key, hp):
         params = hp.params
         cluster_key = jax.random.split(key, 3)[2]
-        local_models = start_points(data, key, hp,
-                                    jnp.arange(data.num_clients, dtype=jnp.int32))
+        local_models = at_storage_precision(
+            start_points(data, key, hp, jnp.arange(data.num_clients, dtype=jnp.int32)),
+            context.store_dtype)
         labels, centers, _ = trimmed_kmeans(cluster_key, local_models, num_clusters,
                                             params.trim, params.centroid, params.iterations)
         return start_state(key, labels, centers)

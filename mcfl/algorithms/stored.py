@@ -56,20 +56,35 @@ class StoredState(flax.struct.PyTreeNode):
     rows: Any
 
 
-def storage_dtype(name: str):
-    return jnp.bfloat16 if name == "bfloat16" else jnp.float32
-
-
 def to_storage(rows, dtype_name: str):
-    """Rows as stored: floating leaves in the storage dtype, others as they are."""
-    dtype = storage_dtype(dtype_name)
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                        else x, rows)
+    """Rows as stored: floating leaves in the storage dtype, others as they are. bfloat16
+    values are kept as their uint16 bit patterns: gathers and scatters of whole rows then move
+    bits, where XLA:CPU would widen a bfloat16 array to float32 to scatter into it (a round on
+    5,000 stored MLPs: 2.5 s against 0.2 s)."""
+    def stored(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        if dtype_name == "bfloat16":
+            return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+        return x.astype(jnp.float32)
+
+    return jax.tree.map(stored, rows)
 
 
 def to_training(rows, like):
     """Stored rows back in the dtypes of `like` (float32 for training)."""
-    return jax.tree.map(lambda x, ref: x.astype(ref.dtype), rows, like)
+    def back(x, ref):
+        if x.dtype == jnp.uint16 and jnp.issubdtype(ref.dtype, jnp.floating):
+            x = jax.lax.bitcast_convert_type(x, jnp.bfloat16)  # bfloat16's bits
+        return x.astype(ref.dtype)
+
+    return jax.tree.map(back, rows, like)
+
+
+def at_storage_precision(x: jax.Array, dtype_name: str) -> jax.Array:
+    """`x` rounded as a store of `dtype_name` keeps it, back in its own dtype (a population
+    start's models on the device are rounded as a host or disk store rounds them)."""
+    return to_training(to_storage(x, dtype_name), x)
 
 
 def stored_round(client_rows: ClientRows, dtype_name: str, shared, stored, clients, data, key,

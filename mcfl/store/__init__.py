@@ -7,6 +7,7 @@ start go through a host or disk store (`mcfl.store.choose` says which, and why).
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -21,7 +22,13 @@ from mcfl.store.program import StoredProgram
 
 FOLDER = "client_store"  # in a run's folder
 
-__all__ = ["FOLDER", "StoreChoice", "StoredProgram", "choose_store", "run_program"]
+__all__ = ["FOLDER", "StoreChoice", "StoredProgram", "announce", "choose_store", "run_program"]
+
+
+def announce(choice: StoreChoice) -> None:
+    """Say on stderr which store a run uses and why, unless it is the device."""
+    if choice.kind != "device":
+        print(f"mcfl: client store: {choice.kind} ({choice.reason})", file=sys.stderr)
 
 
 def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],

@@ -46,7 +46,7 @@ def stored_bytes(algorithm, hp, data, members: int) -> tuple[int, str]:
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
         points = jax.eval_shape(lambda k, c: algorithm.population_start.points(data, k, hp, c),
                                 key, one)
-        per_client = 4 * int(points.shape[1])
+        per_client = (2 if algorithm.store_dtype == "bfloat16" else 4) * int(points.shape[1])
         what = f"{algorithm.name}'s start (every client's trained model)"
     else:
         return 0, f"{algorithm.name} keeps nothing per client"

@@ -17,6 +17,7 @@ import contextlib
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -61,10 +62,15 @@ class GenerationFiles:
                 with contextlib.suppress(OSError):
                     self._path(member, client, old).unlink()
 
-    def read(self, member: int, clients: np.ndarray) -> np.ndarray:
-        """[n, row_bytes] rows of `clients` (all written: generation > 0)."""
-        out = np.empty((len(clients), self.row_bytes), np.uint8)
-        for j, client in enumerate(np.asarray(clients).tolist()):
+    def read(self, member: int, clients: np.ndarray, out: Optional[np.ndarray] = None,
+             positions: Optional[np.ndarray] = None) -> np.ndarray:
+        """The rows of `clients` (all written: generation > 0) read into rows `positions`
+        (default 0, 1, ...) of `out` (default: a new [n, row_bytes] `aligned_empty`)."""
+        clients = np.asarray(clients).tolist()
+        if out is None:
+            out = aligned_empty((len(clients), self.row_bytes))
+        positions = range(len(clients)) if positions is None else np.asarray(positions).tolist()
+        for j, client in zip(positions, clients):
             path = self._path(member, client, int(self.current[member, client]))
             with open(path, "rb") as f:
                 if f.readinto(memoryview(out[j])) != self.row_bytes:
@@ -102,6 +108,25 @@ class GenerationFiles:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# JAX's CPU client takes a NumPy array aligned to this many bytes without copying it (0.2 ms
+# against 0.17 s for 268 MB of rows, whose copy would cost the device store's round time).
+ALIGNMENT = 64
+
+
+def aligned_empty(shape, dtype=np.uint8) -> np.ndarray:
+    """An uninitialised array whose data start on an `ALIGNMENT`-byte boundary."""
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+def aligned_zeros(shape, dtype=np.uint8) -> np.ndarray:
+    out = aligned_empty(shape, dtype)
+    out[...] = 0
+    return out
 
 
 def _folders(folder: Path) -> Iterable[Path]:

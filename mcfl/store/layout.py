@@ -54,3 +54,27 @@ class RowLayout(NamedTuple):
     def floats(self) -> int:
         """Numbers in one row (all leaves)."""
         return int(sum(np.prod(s, dtype=np.int64) for s in self.shapes))
+
+    def unpack_device(self, packed: jax.Array):
+        """`unpack` inside a jitted program: [..., row_bytes] uint8 to the rows' pytree
+        [..., *shape] (bitcasts, no host copy)."""
+        lead = packed.shape[:-1]
+        leaves = []
+        for shape, dtype, offset in zip(self.shapes, self.dtypes, self.offsets):
+            count = int(np.prod(shape, dtype=np.int64))
+            part = packed[..., offset:offset + count * dtype.itemsize]
+            if dtype.itemsize > 1:
+                part = part.reshape(lead + (count, dtype.itemsize))
+            leaves.append(jax.lax.bitcast_convert_type(part, dtype).reshape(lead + shape))
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def pack_device(self, rows) -> jax.Array:
+        """`pack` inside a jitted program: the rows' pytree [..., *shape] to [..., row_bytes]
+        uint8, the bytes `pack` gives on the host."""
+        parts = []
+        for leaf, shape, dtype in zip(jax.tree.leaves(rows), self.shapes, self.dtypes):
+            lead = leaf.shape[:leaf.ndim - len(shape)]
+            flat = leaf.astype(dtype).reshape(lead + (-1,))
+            part = jax.lax.bitcast_convert_type(flat, np.uint8)
+            parts.append(part.reshape(lead + (-1,)))
+        return jax.numpy.concatenate(parts, axis=-1)

@@ -85,17 +85,22 @@ class StoredProgram(RoundProgram):
         def sample(rounds_key, data, r):
             return client_rows.sample(data, jax.random.fold_in(rounds_key, r))
 
-        def round_(values, shared, stored, written, clients, data, rounds_key, r, initial):
+        # Rows travel as bytes ([S, row_bytes] uint8, `RowLayout`), unpacked and packed inside
+        # the programs: the host only reads and writes them.
+        def round_(values, shared, packed, written, clients, data, rounds_key, r, initial):
+            stored = self.layout.unpack_device(packed)
             rows = with_fresh(client_rows, dtype, initial, stored, written, clients)
             like = client_rows.fresh(initial, clients[:1])
             shared, rows, metrics = stored_round(
                 client_rows, dtype, shared, rows, clients, data,
                 jax.random.fold_in(rounds_key, r), hp(values), like)
-            return shared, rows, jax.tree.map(lambda m: m[None], metrics)
+            return (shared, self.layout.pack_device(rows),
+                    jax.tree.map(lambda m: m[None], metrics))
 
-        def evaluate_chunk(shared, stored, written, clients, data, initial):
+        def evaluate_chunk(shared, packed, written, clients, data, initial):
             return evaluate_rows(client_rows, dtype, plan.model.apply, plan.eval_block, shared,
-                                 initial, stored, written, clients, data)
+                                 initial, self.layout.unpack_device(packed), written, clients,
+                                 data)
 
         def assignments(shared):
             return algorithm.assignments(type(self).wrapped_state(shared))
@@ -133,7 +138,7 @@ class StoredProgram(RoundProgram):
         self.layout = self._layout(initial)
         first = jnp.asarray(1, jnp.int32)
         clients = jax.eval_shape(self._sample, rounds_keys, data, first)
-        stored = self._rows_like(clients.shape)
+        stored = self._packed_like(clients.shape)
         written = jax.ShapeDtypeStruct(clients.shape, jnp.bool_)
         chunk = self._eval_chunk()
         chunk_clients = jax.ShapeDtypeStruct((chunk,), jnp.int32)
@@ -142,7 +147,7 @@ class StoredProgram(RoundProgram):
             "sample": (self._sample, (rounds_keys, data, first)),
             "round": (self._round, (values, state, stored, written, clients, data,
                                     rounds_keys, first, initial)),
-            "evaluate": (self._evaluate_chunk, (state, self._rows_like(member + (chunk,)),
+            "evaluate": (self._evaluate_chunk, (state, self._packed_like(member + (chunk,)),
                                                 jax.ShapeDtypeStruct(member + (chunk,),
                                                                      jnp.bool_),
                                                 chunk_clients, data, initial)),
@@ -152,11 +157,9 @@ class StoredProgram(RoundProgram):
         self._lower_and_compile(programs)
         return None
 
-    def _rows_like(self, shape):
-        """Abstract stored rows [*shape, ...]."""
-        leaves = [jax.ShapeDtypeStruct(tuple(shape) + s, d)
-                  for s, d in zip(self.layout.shapes, self.layout.dtypes)]
-        return jax.tree.unflatten(self.layout.treedef, leaves)
+    def _packed_like(self, shape):
+        """Abstract packed rows [*shape, row_bytes]."""
+        return jax.ShapeDtypeStruct(tuple(shape) + (self.layout.row_bytes,), jnp.uint8)
 
     def _layout(self, shared) -> RowLayout:
         """The layout of one client's stored row, for a shared state like `shared`."""
@@ -186,28 +189,40 @@ class StoredProgram(RoundProgram):
                                 self.folder)
         return shared
 
+    @property
+    def start_streamed(self) -> bool:
+        """Whether `init` is a population start through the store (FeSEM, Robust)."""
+        return not self.rows_kept
+
+    def initial_state(self, values, init_keys, data, resuming: bool = False):
+        """A run resumed from a checkpoint does not train every client again for a start it
+        restores: only the state's shapes, dtypes and placement are made."""
+        if not (resuming and self.start_streamed):
+            return self.init(values, init_keys, data)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            jax.eval_shape(self._init, values, init_keys, data))
+
     # ---- rounds
     def rounds(self, count: int, values, state, data, rounds_keys, first: int):
         if not self.rows_kept:
             return super().rounds(count, values, state, data, rounds_keys, first)
         assert count == 1, "a host or disk store runs round by round"
         clients, packed, written = self._gather_round(first, rounds_keys, data)
-        stored = jax.tree.map(jnp.asarray, self.layout.unpack(
-            packed.reshape(-1, packed.shape[-1])))
-        stored = jax.tree.map(lambda x: x.reshape(packed.shape[:2] + x.shape[1:]), stored)
-        args = (values, state, self._without_members(stored),
+        # (the next round's clients are drawn before this round is queued on the device,
+        # which would run it first)
+        upcoming = (self._round_clients(first + 1, rounds_keys, data)
+                    if first < self.config.rounds else None)
+        args = (values, state, jax.device_put(self._without_members(packed)),
                 self._without_members(written), self._without_members(clients), data,
                 rounds_keys, jnp.asarray(first, jnp.int32), self.initial)
         state, new_rows, metrics = self._compiled["round"][1](*args)
         self.wait_writes()  # the previous round's rows are in the store
-        if first < self.config.rounds:  # fetch the next round's rows while this one runs
-            upcoming = self._round_clients(first + 1, rounds_keys, data)
+        if upcoming is not None:  # fetch the next round's rows while this one runs
             skip = _members_in(upcoming, clients)
             self._fetched = (first + 1, upcoming,
                              self._pool.submit(self.store.gather, upcoming, skip))
-        new_rows = self._with_members(jax.device_get(new_rows))
-        new_packed = self.layout.pack(jax.tree.map(
-            lambda x: x.reshape((-1,) + x.shape[2:]), new_rows)).reshape(packed.shape)
+        new_packed = self._with_members(np.asarray(jax.device_get(new_rows)))
         self._last = (clients, new_packed)
         self._writing = self._pool.submit(self.store.scatter, clients, new_packed, first)
         return state, jax.device_get(metrics)
@@ -256,12 +271,10 @@ class StoredProgram(RoundProgram):
             packed, written = reading.result()
             if lo + chunk < c:  # read the next chunk while this one is evaluated
                 reading = self._pool.submit(self._read_chunk, lo + chunk, chunk)
-            stored = self.layout.unpack(packed.reshape(-1, packed.shape[-1]))
-            stored = jax.tree.map(lambda x: jnp.asarray(x.reshape((members, chunk)
-                                                                   + x.shape[1:])), stored)
             clients = jnp.minimum(lo + jnp.arange(chunk, dtype=jnp.int32), c - 1)
             counts = self._compiled["evaluate"][1](
-                state, self._without_members(stored), self._without_members(written), clients,
+                state, jax.device_put(self._without_members(packed)),
+                self._without_members(written), clients,
                 data, self.initial)
             parts.append(jax.device_get(counts))
         axis = 1 if self.members else 0
@@ -279,7 +292,9 @@ class StoredProgram(RoundProgram):
         client: the last client again, as the device store pads)."""
         hi = min(lo + chunk, self.num_clients)
         rows, written = zip(*(self.store.chunk(m, lo, hi) for m in range(self.store.members)))
-        rows, written = np.stack(rows), np.stack(written)
+        # (one member's rows as read: aligned, so the device takes them without a copy)
+        rows = rows[0][None] if len(rows) == 1 else np.stack(rows)
+        written = np.stack(written)
         if hi - lo < chunk:
             pad = chunk - (hi - lo)
             rows = np.concatenate([rows, np.repeat(rows[:, -1:], pad, axis=1)], axis=1)

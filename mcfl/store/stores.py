@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from mcfl.store.files import GenerationFiles
+from mcfl.store.files import GenerationFiles, aligned_empty, aligned_zeros
 
 
 class HostStore:
@@ -38,8 +38,10 @@ class HostStore:
 
     def gather(self, member_clients: np.ndarray, skip: Optional[np.ndarray] = None):
         """([M, S, row_bytes] rows, [M, S] written) of each member's clients."""
-        members = np.arange(self.members)[:, None]
-        return self.rows[members, member_clients], self.written[members, member_clients]
+        out = aligned_empty(member_clients.shape + (self.row_bytes,))
+        for member in range(self.members):
+            np.take(self.rows[member], member_clients[member], axis=0, out=out[member])
+        return out, self.written[np.arange(self.members)[:, None], member_clients]
 
     def scatter(self, member_clients: np.ndarray, packed: np.ndarray, generation: int) -> None:
         members = np.arange(self.members)[:, None]
@@ -48,7 +50,9 @@ class HostStore:
         self.dirty[members, member_clients] = True
 
     def chunk(self, member: int, lo: int, hi: int):
-        return self.rows[member, lo:hi], self.written[member, lo:hi]
+        out = aligned_empty((hi - lo, self.row_bytes))
+        out[...] = self.rows[member, lo:hi]
+        return out, self.written[member, lo:hi]
 
     def manifest(self, generation: int) -> np.ndarray:
         """Before a checkpoint of round `generation`: the changed rows are written to files;
@@ -104,12 +108,12 @@ class DiskStore:
     def gather(self, member_clients: np.ndarray, skip: Optional[np.ndarray] = None):
         """([M, S, row_bytes] rows, [M, S] written) of each member's clients; rows where
         `skip` [M, S] is true are not read (their caller has them)."""
-        out = np.zeros(member_clients.shape + (self.row_bytes,), np.uint8)
+        out = aligned_zeros(member_clients.shape + (self.row_bytes,))
         written = self.files.current[np.arange(self.members)[:, None], member_clients] > 0
         for member in range(self.members):
             read = written[member] if skip is None else written[member] & ~skip[member]
             positions = np.nonzero(read)[0]
-            out[member, positions] = self.files.read(member, member_clients[member, positions])
+            self.files.read(member, member_clients[member, positions], out[member], positions)
         return out, written
 
     def scatter(self, member_clients: np.ndarray, packed: np.ndarray, generation: int) -> None:
@@ -118,9 +122,9 @@ class DiskStore:
 
     def chunk(self, member: int, lo: int, hi: int):
         written = self.files.current[member, lo:hi] > 0
-        out = np.zeros((hi - lo, self.row_bytes), np.uint8)
+        out = aligned_zeros((hi - lo, self.row_bytes))
         positions = np.nonzero(written)[0]
-        out[positions] = self.files.read(member, lo + positions)
+        self.files.read(member, lo + positions, out, positions)
         return out, written
 
     def manifest(self, generation: int) -> np.ndarray:
