@@ -4,6 +4,8 @@ the clustered ones.
     python benchmarks/planted.py                 # both partitions, the table of BENCHMARKS.md
     python benchmarks/planted.py --seeds 0 1 2 3 # + how often each recovers the clusters
     python benchmarks/planted.py --model mlp     # MLP 784-200-10 (FeSEM-MA has units to match)
+    python benchmarks/planted.py --algorithms local fesem robust --client-store-dtype bfloat16
+                                                 # what bfloat16 storage of clients' state does
 
 200 clients, every client every round, 30 rounds, E = 1, B = 10, lr = 0.05, K = 4 (CFL: at
 most 4 clusters, eps1 = 0.4, eps2 = 0.9 after 5 rounds, set from the update norms of this
@@ -20,6 +22,7 @@ from mcfl.data import load_dataset
 
 ALGORITHMS = {
     "fedavg": {},
+    "local": {},
     "feddist": {},
     "feddws": {},
     "feddane": {},
@@ -37,18 +40,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seeds", nargs="*", type=int, default=[])
     parser.add_argument("--model", choices=("mclr", "mlp"), default="mclr")
+    parser.add_argument("--algorithms", nargs="+", choices=tuple(ALGORITHMS),
+                        default=[name for name in ALGORITHMS if name != "local"])
+    parser.add_argument("--client-store-dtype", choices=("float32", "bfloat16"),
+                        default="float32")
     args = parser.parse_args()
     base = mcfl.RunConfig(dataset="fmnist", clients=200, rounds=args.rounds, embed_clients=0,
                           hidden=(200,),
                           clients_per_round=1.0, model=args.model, lr=0.05, local_epochs=1,
-                          batch_size=10, clusters=4, eval_every=args.rounds, seed=0)
+                          batch_size=10, clusters=4, eval_every=args.rounds, seed=0,
+                          client_store_dtype=args.client_store_dtype)
     print("| partition | algorithm | micro acc | macro acc | ARI | NMI | clusters | s/round |"
           " wall |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for partition in args.partitions:
         config = base.replace(partition=partition)
         data = load_dataset(config)
-        for name, extra in ALGORITHMS.items():
+        for name in args.algorithms:
+            extra = ALGORITHMS[name]
             start = time.perf_counter()
             s = mcfl.run(config.replace(algorithm=name, **extra), dataset=data).summary
             ari, nmi = s.get("cluster_ari"), s.get("cluster_nmi")
