@@ -152,9 +152,9 @@ def test_local_with_fixed_steps_matches_per_client_loop(ragged):
 
     sample_key, train_key = jax.random.split(key)
     clients = np.asarray(sample_clients(sample_key, 6, 4))
-    init = jax.tree.map(lambda p: p[0], state.params)
+    init = jax.tree.map(lambda p: p[0], state.rows)
     for c in range(6):
-        got = jax.tree.map(lambda p, c=c: p[c], new_state.params)
+        got = jax.tree.map(lambda p, c=c: p[c], new_state.rows)
         if c in clients:
             want, _ = reference_local_train(training, data, train_key, init, c)
         else:
