@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import shutil
 from pathlib import Path
 from typing import Optional
 
@@ -337,13 +338,13 @@ class StoredProgram(RoundProgram):
     def close(self) -> None:
         """Wait for the writes in flight; a temporary folder is removed, a run folder's
         store stays (its checkpoints name its rows)."""
-        if self.store is not None:
-            try:
+        try:
+            if self.store is not None:
                 self.wait_writes()
-            finally:
                 self.store.close()
-                if self.temporary:
-                    self.store.remove()
+        finally:
+            if self.temporary and self.folder is not None:  # (made even when nothing was kept)
+                shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _members_in(upcoming: np.ndarray, current: np.ndarray) -> np.ndarray:
