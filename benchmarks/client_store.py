@@ -98,16 +98,22 @@ def fill(program, state, clients: int) -> float:
     return time.perf_counter() - start
 
 
+def prepared(config, args):
+    """The workload's clients, and the program of `config` with its store in an emptied
+    `args.folder`: (dataset, program, the store chosen)."""
+    data = (dataset if args.model == "mlp" else leaf_standin)(args.clients, args.rows)
+    folder = Path(args.folder)
+    shutil.rmtree(args.folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    program, choice = run_program(config, plan_run(config, data), data.arrays, folder)
+    return data, program, choice
+
+
 def local(args) -> dict:
     config = mcfl.RunConfig(algorithm="local", **SETTINGS[args.model], clients=args.clients,
                             rounds=args.rounds, eval_every=args.rounds, client_store=args.store,
                             client_store_dtype=args.dtype, seed=0)
-    data = (dataset if args.model == "mlp" else leaf_standin)(args.clients, args.rows)
-    plan = plan_run(config, data)
-    folder = Path(args.folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    program, choice = run_program(config, plan, data.arrays, folder)
+    data, program, choice = prepared(config, args)
     init_key, rounds_key = run_keys(config.seed)
     program.compile_init({}, init_key, data.arrays)
     state = program.init({}, init_key, data.arrays)
@@ -136,7 +142,7 @@ def local(args) -> dict:
                peak_rss_gib=peak_gib())
     program.close()
     if not args.keep:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(args.folder, ignore_errors=True)
     return out
 
 
@@ -147,12 +153,7 @@ def fesem_start(args) -> dict:
                             rounds=1,
                             clusters=4, fesem_restarts=args.restarts, client_store=args.store,
                             client_store_dtype=args.dtype, seed=0)
-    data = (dataset if args.model == "mlp" else leaf_standin)(args.clients, args.rows)
-    plan = plan_run(config, data)
-    folder = Path(args.folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    program, choice = run_program(config, plan, data.arrays, folder)
+    data, program, choice = prepared(config, args)
     init_key, _ = run_keys(config.seed)
     program.compile_init({}, init_key, data.arrays)
     t0 = time.perf_counter()
@@ -161,7 +162,7 @@ def fesem_start(args) -> dict:
     seconds = time.perf_counter() - t0
     labels = np.asarray(state.assignment)
     program.close()
-    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(args.folder, ignore_errors=True)
     ari = (adjusted_rand_score(data.true_cluster, labels) if data.true_cluster is not None
            else None)
     return {"workload": "fesem-start", "model": args.model, "clients": args.clients,
