@@ -77,9 +77,6 @@ class HostStore:
                 part = clients[lo:lo + 1024]
                 self.rows[member, part] = self.files.read(member, part)
 
-    def flush(self) -> None:
-        """Nothing is in flight in memory."""
-
     def close(self) -> None:
         self.rows = np.zeros((0, 0, self.row_bytes), np.uint8)
 
@@ -135,9 +132,6 @@ class DiskStore:
 
     def restore(self, manifest: np.ndarray) -> None:
         self.files.restore(manifest)
-
-    def flush(self) -> None:
-        """Rows are written when scattered."""
 
     def close(self) -> None:
         pass
