@@ -6,6 +6,8 @@ on the device, in host memory or on disk (`mcfl.store`).
     python benchmarks/client_store.py fesem-start --clients 60000 --store disk
     python benchmarks/client_store.py local --model leaf --clients 3550 --store disk \
         --dtype bfloat16 --rows 12 --rounds 6 --fill       # FeSEM Table 1's FEMNIST stand-in
+    python benchmarks/client_store.py ifca-embed --model leaf --clients 3550 --rows 12 \
+        --embed 1000                  # the closing 2-D embedding of 1,000 LEAF CNNs (26 GB)
 
 Data: Fashion-MNIST rows (Debian's dataset-fashion-mnist), `--rows` per client drawn with
 replacement (8 to train, 2 to test by default), 4 planted clusters (``permuted:4``); model:
@@ -31,8 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import mcfl
+from mcfl import engine
+from mcfl.algorithms import hyperparams
 from mcfl.algorithms.stored import to_storage
 from mcfl.data.loaders import load_fmnist
+from mcfl.embedding import embedding_for_run
 from mcfl.plan import plan_run, run_keys
 from mcfl.store import run_program
 
@@ -161,20 +166,61 @@ def fesem_start(args) -> dict:
     jax.block_until_ready(state)
     seconds = time.perf_counter() - t0
     labels = np.asarray(state.assignment)
+    out = {"workload": "fesem-start", "model": args.model, "clients": args.clients,
+           "store": choice.kind, "dtype": args.dtype,
+           "restarts": args.restarts, "stored_gib": choice.stored_bytes / 2**30,
+           "start_seconds": seconds,
+           "ari": (adjusted_rand_score(data.true_cluster, labels)
+                   if data.true_cluster is not None else None),
+           "sizes": np.bincount(labels, minlength=4).tolist(), "peak_rss_gib": peak_gib()}
+    if args.embed:
+        out.update(embed(args, config, program, choice.kind, state, data))
     program.close()
     shutil.rmtree(args.folder, ignore_errors=True)
-    ari = (adjusted_rand_score(data.true_cluster, labels) if data.true_cluster is not None
-           else None)
-    return {"workload": "fesem-start", "model": args.model, "clients": args.clients,
-            "store": choice.kind, "dtype": args.dtype,
-            "restarts": args.restarts, "stored_gib": choice.stored_bytes / 2**30,
-            "start_seconds": seconds, "ari": ari,
-            "sizes": np.bincount(labels, minlength=4).tolist(), "peak_rss_gib": peak_gib()}
+    return out
+
+
+def ifca_embed(args) -> dict:
+    """IFCA (which keeps nothing per client: a device-store run) initialised on the clients,
+    then its closing embedding of `args.embed` clients: on the LEAF CNN, 1,000 clients' models
+    are 26 GB, which the one-program path would hold three times."""
+    config = mcfl.RunConfig(algorithm="ifca", **SETTINGS[args.model], clients=args.clients,
+                            rounds=1, clusters=4, client_store=args.store, seed=0)
+    data, program, choice = prepared(config, args)
+    init_key, _ = run_keys(config.seed)
+    program.compile_init({}, init_key, data.arrays)
+    state = program.init({}, init_key, data.arrays)
+    jax.block_until_ready(state)
+    out = {"workload": "ifca-embed", "model": args.model, "clients": args.clients,
+           "store": choice.kind, **embed(args, config, program, choice.kind, state, data)}
+    program.close()
+    shutil.rmtree(args.folder, ignore_errors=True)
+    return out
+
+
+def embed(args, config, program, store_kind: str, state, data) -> dict:
+    """The run's closing 2-D embedding of `args.embed` clients (`mcfl.embedding`), timed."""
+    training = hyperparams(config, program.plan.model).training
+    before = peak_gib()
+    t0 = time.perf_counter()
+    with engine.planned_block_size(program.plan.train_block):
+        found, where = embedding_for_run(
+            program.algorithm, training, args.embed, program.plan.params_count, store_kind,
+            getattr(program, "folder", None), state, data.arrays, jax.random.key(1))
+        jax.block_until_ready(found)
+    return {"embed_clients": args.embed, "embed_models_gib":
+            4 * args.embed * program.plan.params_count / 2**30, "embed_through": where,
+            "embed_seconds": time.perf_counter() - t0,
+            "embed_explained": np.asarray(found.explained).tolist(),
+            "peak_rss_gib_before_embed": before, "peak_rss_gib_after_embed": peak_gib()}
+
+
+WORKLOADS = {"local": local, "fesem-start": fesem_start, "ifca-embed": ifca_embed}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("local", "fesem-start"))
+    parser.add_argument("workload", choices=tuple(WORKLOADS))
     parser.add_argument("--model", choices=tuple(SETTINGS), default="mlp",
                         help="mlp: 784-200-200-10 on Fashion-MNIST rows; leaf: LEAF's FEMNIST "
                         "CNN on generated writers")
@@ -185,10 +231,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--restarts", type=int, default=20)
     parser.add_argument("--fill", action="store_true")
+    parser.add_argument("--embed", type=int, default=0,
+                        help="fesem-start: then the closing 2-D embedding of this many clients; "
+                        "ifca-embed: how many")
     parser.add_argument("--keep", action="store_true", help="keep the store's folder")
     parser.add_argument("--folder", default="/tmp/mcfl-store-bench")
     args = parser.parse_args()
-    result = local(args) if args.workload == "local" else fesem_start(args)
+    result = WORKLOADS[args.workload](args)
     print(json.dumps(result), flush=True)
 
 

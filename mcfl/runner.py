@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,7 @@ from mcfl.algorithms import hyperparams
 from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig, from_dict
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
-from mcfl.embedding import client_embedding, embedding_count
+from mcfl.embedding import embedding_for_run
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.loop import LoopHooks, client_scores, run_rounds
 from mcfl.models.build import model_label
@@ -372,8 +371,8 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     stacked = np.stack(record.assignments) if record.assignments else None
     embedding = None
     if program.clustered and config.embed_clients > 0:
-        embedding = _embedding(program, config, state, data, rounds_key, final_assignment,
-                               dataset)
+        embedding = _embedding(program, store.kind, config, state, data, rounds_key,
+                               final_assignment, dataset)
     result = RunResult(config, summary, record.rows, clients, state, stacked,
                        np.asarray(record.assignment_rounds) if stacked is not None else None,
                        embedding)
@@ -382,15 +381,16 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     return result
 
 
-def _embedding(program: RoundProgram, config: RunConfig, state, data, rounds_key, assignment,
-               dataset: FederatedDataset) -> dict[str, np.ndarray]:
+def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state, data,
+               rounds_key, assignment, dataset: FederatedDataset) -> dict[str, np.ndarray]:
     """The 2-D projection of sampled clients' local models, with their clusters."""
-    count = embedding_count(config.embed_clients, dataset.num_clients, program.plan.params_count)
     hp = hyperparams(config, program.plan.model)
-    embed = jax.jit(functools.partial(client_embedding, program.algorithm, hp.training, count))
     with engine.planned_block_size(program.plan.train_block):
-        found = jax.device_get(embed(state, data,
-                                     jax.random.fold_in(rounds_key, config.rounds + 1)))
+        found, _ = embedding_for_run(
+            program.algorithm, hp.training, config.embed_clients, program.plan.params_count,
+            store_kind, getattr(program, "folder", None), state, data,
+            jax.random.fold_in(rounds_key, config.rounds + 1))
+    found = jax.device_get(found)
     clients = np.asarray(found.clients)
     out = {"clients": clients, "coords": np.asarray(found.coords),
            "explained": np.asarray(found.explained), "cluster": assignment[clients]}

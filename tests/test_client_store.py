@@ -10,12 +10,13 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mcfl
-from mcfl import faults
+from mcfl import embedding, faults
 from mcfl.algorithms import build_algorithm, hyperparams
 from mcfl.apps.cli import main
 from mcfl.atomic import WriteError
@@ -72,6 +73,35 @@ def test_every_store_gives_the_run_the_device_gives(algorithm):
             [c["cluster"] for c in device.clients if "cluster" in c]
         if device.assignments is not None:
             np.testing.assert_array_equal(run.assignments, device.assignments)
+        if device.client_embedding is not None:  # streamed through this store's kind
+            for name, value in device.client_embedding.items():
+                np.testing.assert_allclose(run.client_embedding[name], value, rtol=1e-4,
+                                           atol=1e-4, err_msg=name)
+
+
+def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):
+    """Chunks of 3 clients and column blocks of a few hundred parameters (the last one padded),
+    in host memory and in files: the same principal coordinates as the one program that holds
+    every model, and the files are gone afterwards."""
+    config = mcfl.RunConfig(algorithm="fesem", **BASE, **STATEFUL["fesem"])
+    result = mcfl.run(config.replace(embed_clients=0))
+    dataset = mcfl.data.load_dataset(config)
+    plan = plan_run(config, dataset)
+    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+    training = hyperparams(config, plan.model).training
+    key = jax.random.key(5)
+    whole = embedding.client_embedding(algorithm, training, 10, result.state, dataset.arrays,
+                                       key)
+    chunk_bytes = 3 * 4 * plan.params_count  # 3 clients' models; columns: chunk_bytes / 40
+    assert plan.params_count % (chunk_bytes // 40) != 0
+    for on_disk in (False, True):
+        streamed = embedding.streamed_client_embedding(
+            algorithm, training, 10, result.state, dataset.arrays, key, on_disk=on_disk,
+            folder=tmp_path, chunk_bytes=chunk_bytes)
+        np.testing.assert_array_equal(streamed.clients, whole.clients)
+        np.testing.assert_allclose(streamed.coords, whole.coords, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(streamed.explained, whole.explained, rtol=1e-4)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32():

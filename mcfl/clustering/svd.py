@@ -26,6 +26,21 @@ def _divide_columns(a: jax.Array, s: jax.Array) -> jax.Array:
     return jnp.where(s > 0, a / jnp.where(s > 0, s, 1.0), 0.0)
 
 
+def _sign_flip(u: jax.Array) -> jax.Array:
+    """[k] signs making the largest-magnitude entry of each column of u positive (scikit-learn's
+    ``svd_flip``)."""
+    largest = jnp.take_along_axis(u, jnp.argmax(jnp.abs(u), axis=0)[None], axis=0)[0]  # [k]
+    return jnp.where(largest < 0, -1.0, 1.0).astype(u.dtype)
+
+
+def left_singular_from_gram(gram: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``u [n, k], s [k]`` of the top-k singular triplets of an x [n, d] given only its Gram
+    matrix ``x x^T`` [n, n] (`truncated_svd`'s u and s for n <= d, with its signs): for a
+    matrix read in column blocks (``x x^T`` is a sum over them), `mcfl.embedding`."""
+    s, u = _top_eigenpairs(gram, k)
+    return u * _sign_flip(u), s
+
+
 def truncated_svd(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Top-k singular triplets of `x` [n, d]: ``u [n, k], s [k] (descending), vt [k, d]``.
 
@@ -43,8 +58,7 @@ def truncated_svd(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array
     else:
         s, v = _top_eigenpairs(jnp.matmul(x.T, x, precision=HIGHEST), k)  # [k], [d, k]
         u = _divide_columns(jnp.matmul(x, v, precision=HIGHEST), s)  # [n, k]
-    largest = jnp.take_along_axis(u, jnp.argmax(jnp.abs(u), axis=0)[None], axis=0)[0]  # [k]
-    signs = jnp.where(largest < 0, -1.0, 1.0).astype(x.dtype)
+    signs = _sign_flip(u)
     return u * signs, s, (v * signs).T
 
 
