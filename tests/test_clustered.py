@@ -14,6 +14,7 @@ from reference import reference_local_train
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
+from mcfl.algorithms.cfl import REJOIN, descendants
 from mcfl.algorithms.clustered import ClusterState, cluster_sizes, intra_cluster_distance
 from mcfl.algorithms.fesem import nearest_models, tree_dots
 from mcfl.data import partition_arrays
@@ -167,6 +168,52 @@ def test_cfl_bipartitions_two_planted_groups():
         counts.append(int(metrics["num_clusters"]))
     assert counts == [1, 1, 2, 2]  # one split, at the first round past the warmup
     assert adjusted_rand_score(planted.true_cluster, np.asarray(state.assignment)) == 1.0
+
+
+def test_descendants_follow_the_split_history():
+    # slot 1 split off 0, 2 off 1, 3 off 0; slot 4 never used (its own parent)
+    got = np.asarray(descendants(jnp.array([0, 0, 1, 0, 4], jnp.int32)))
+    want = np.zeros((5, 5), bool)
+    for a, below in {0: [0, 1, 2, 3], 1: [1, 2], 2: [2], 3: [3], 4: [4]}.items():
+        want[a, below] = True
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cfl_rejoin_places_the_clients_absent_at_a_split():
+    """Two planted groups, 10 of 40 clients a round, a split as soon as allowed (round 3).
+    `stay` leaves the 30 clients absent at the split in the parent's half for good, so it keeps
+    both groups; `descendants` and `all` send each of them, at its next round, to the half of
+    lower training loss, which is its own group's (ARI 1 over the clients seen since)."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 3000)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (3000, 8))).astype(np.float32)
+    planted = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(3000, bool)),
+                               parse_partition("permuted:2"), 40, 0.2, "none", seed=0)
+    model = make_model("mclr", (8,), 3)
+    results = {}
+    for rule in REJOIN:
+        algorithm = build("cfl", model, _training(model), 10, 8, clusters=2, eps1=1e9,
+                          eps2=0.0, warmup=2, rejoin=rule)
+        state = algorithm.init(planted.arrays, jax.random.key(0))
+        chex.clear_trace_counter()
+        step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
+        rejoined = 0.0
+        for r in range(12):
+            state, metrics = step(state, planted.arrays, jax.random.key(r))
+            rejoined += float(metrics["rejoined"])
+            if r == 2:
+                assert int(metrics["num_clusters"]) == 2  # the split
+        results[rule] = (state, rejoined)
+    seen = np.asarray(results["stay"][0].last_round) > 2  # trained after the split round
+    assert seen.sum() >= 30
+    for rule, (state, rejoined) in results.items():
+        np.testing.assert_array_equal(np.asarray(state.last_round) > 2, seen)  # same samples
+        ari = adjusted_rand_score(planted.true_cluster[seen], np.asarray(state.assignment)[seen])
+        if rule == "stay":
+            assert ari < 0.5 and rejoined == 0
+        else:
+            assert ari == 1.0 and rejoined > 0
+    assert np.asarray(results["descendants"][0].born).tolist() == [-1, 2]
 
 
 def test_cfl_relative_thresholds_are_multiples_of_the_warmup_update_norm():

@@ -8,9 +8,12 @@ sampled members, after `warmup` rounds; both thresholds relative to the warm-up 
 default), it is bipartitioned by complete-linkage clustering of
 the members' updates under cosine distance (the paper's split minimising the largest
 cross-cluster similarity, as its reference code does). The new half takes a free cluster slot,
-starting from the parent's model; clusters grow as needed up to `max_clusters`. Members of a
-split cluster that were not sampled this round stay in the half that keeps the parent's id.
-All of it is one jitted round with fixed shapes: clusters live in `max_clusters` slots.
+starting from the parent's model; clusters grow as needed up to `max_clusters`.
+
+Sattler et al. assume every client takes part in every round. With a sample of clients a
+round, the members of a split cluster that were not sampled cannot be placed by the split;
+`rejoin` says what happens to them (`REJOIN`). All of it is one jitted round with fixed
+shapes: clusters live in `max_clusters` slots.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from mcfl.algorithms.clustered import (
     flat_models,
     reassign,
 )
+from mcfl.algorithms.ifca import losses_of_models
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import RoundClients, segment_mean, segment_sums, train_and_collect
@@ -37,13 +41,38 @@ from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 THRESHOLDS = ("relative", "absolute")
+# What a client does about splits it missed, or its cluster, at its next participation:
+# * stay: nothing; the members of a split cluster not sampled in the split round stay in the
+#   half that keeps the parent's slot (the paper's algorithm, which samples every client);
+# * descendants: a client whose cluster split since it last trained joins, among that cluster
+#   and the clusters split off from it since (recursively), the one of lowest training loss
+#   (IFCA's identity estimate, Ghosh et al. 2020, over those models only);
+# * all: every sampled client joins the active cluster of lowest training loss, every round
+#   (IFCA's estimate over CFL's clusters; also moves clients a split put on the wrong side).
+REJOIN = ("stay", "descendants", "all")
 
 
 class CFLState(ClusterState):
-    """`ClusterState` plus the scale of the updates: the mean over the warm-up rounds of the
-    sampled clients' mean update norm (relative thresholds are fractions of it)."""
+    """`ClusterState` plus the scale of the updates (the mean over the warm-up rounds of the
+    sampled clients' mean update norm: relative thresholds are fractions of it), the split
+    history (each slot's `parent` slot, itself for the root, and the round it was `born` in,
+    -1 for the root) and each client's `last_round` trained (-1: never)."""
 
     update_scale: jax.Array
+    parent: jax.Array
+    born: jax.Array
+    last_round: jax.Array
+
+
+def descendants(parent: jax.Array) -> jax.Array:
+    """[K, K] bool: row a marks a and every slot split off from it, directly or through other
+    splits, given each slot's `parent` [K] (a root is its own parent)."""
+    k = parent.shape[0]
+    ancestor, above = jnp.eye(k, dtype=bool), jnp.arange(k)
+    for _ in range(k - 1):  # (a chain of splits is at most K - 1 long)
+        above = parent[above]
+        ancestor = ancestor | jax.nn.one_hot(above, k, dtype=bool)  # [j, a]: a above j
+    return ancestor.T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +87,12 @@ class CFLParams:
                               "client update norm over the warm-up rounds (any data or model) "
                               "| absolute: update norms, as in the paper's code",
                               key="cfl_thresholds", choices=THRESHOLDS)
+    rejoin: str = setting("all", "clients absent when their cluster split: all (every "
+                          "sampled client joins the lowest-loss active cluster each round) | "
+                          "descendants (a client whose cluster split since it last trained "
+                          "joins the lowest-loss of it and its halves split since) | stay (in "
+                          "the half keeping the parent's slot; the paper, which samples every "
+                          "client)", key="cfl_rejoin", choices=REJOIN)
 
     def check(self, config) -> None:
         if self.eps1 > self.eps2:
@@ -68,7 +103,8 @@ class CFLParams:
 @register("cfl", CFLParams, clustered=True, reference="Sattler et al., 2020, CFL",
           summary="FedAvg in each cluster; a cluster whose mean update norm < eps1 while a "
           "member's > eps2 (both times the warm-up update norm, or absolute) is bipartitioned "
-          "by complete linkage on the cosine of updates; up to K clusters")
+          "by complete linkage on the cosine of updates; up to K clusters; sampled clients join "
+          "the lowest-loss cluster (cfl_rejoin)")
 def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
     """CFL with up to K = ``context.num_clusters`` clusters and split thresholds eps1 <= eps2
     (``hp.params``).
@@ -81,7 +117,18 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
     it. The defaults (0.4, 0.5) were chosen on rotated and permuted Fashion-MNIST
     (REPRODUCTION.md); rounds.csv records ``split_mean_norm`` and ``split_max_norm`` in the
     same units to tune them. Like the reference code, nothing checks that the two halves
-    differ: on data without clusters CFL still splits once the updates are noise."""
+    differ: on data without clusters CFL still splits once the updates are noise.
+
+    ``rejoin`` (REJOIN) places the clients a split could not see. By default (``all``) every
+    sampled client, once there are two clusters or more, joins the active cluster whose model
+    has the lowest loss on its training data (IFCA's estimate over CFL's clusters: the models
+    are sent to it, ``models_down`` counts them; ``rejoined`` counts the clients who moved),
+    which also moves clients a split put on the wrong side. ``descendants`` only lets a client
+    whose cluster split since it last trained choose among that cluster and its halves (fewer
+    models sent); ``stay`` is the paper's algorithm as written for full participation. The
+    default was chosen on planted Fashion-MNIST groups at 25% participation, where ``all`` was
+    as good as ``descendants`` or better in every case and ``stay`` failed in every case
+    (REPRODUCTION.md, benchmarks/planted_groups.py)."""
     model, clients_per_round = context.model, context.clients_per_round
     max_clusters = context.num_clusters
 
@@ -91,7 +138,28 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         active = jnp.zeros((max_clusters,), bool).at[0].set(True)
         base = ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
         return CFLState(base.models, base.assignment, base.active, base.round, base.sizes,
-                        jnp.zeros((), jnp.float32))
+                        jnp.zeros((), jnp.float32), jnp.arange(max_clusters, dtype=jnp.int32),
+                        jnp.full((max_clusters,), -1, jnp.int32),
+                        jnp.full((data.num_clients,), -1, jnp.int32))
+
+    def rejoined(state, data, clients, start, rule):
+        """The clusters the sampled `clients` (now in `start`) train in under `rule` (REJOIN),
+        and how many models each was sent to choose."""
+        if rule == "stay":
+            return start, jnp.ones(start.shape, jnp.float32)
+        if rule == "all":
+            candidates = jnp.broadcast_to(state.active, (start.shape[0], max_clusters))
+        else:  # descendants of `start` born after the client last trained, and `start`
+            candidates = (state.active[None] & descendants(state.parent)[start]
+                          & ((state.born[None] > state.last_round[clients][:, None])
+                             | (jnp.arange(max_clusters)[None] == start[:, None])))
+        count = jnp.sum(candidates, axis=1)
+        losses = jax.lax.cond(  # (no forward passes in the rounds nobody has a choice)
+            jnp.any(count > 1), lambda: losses_of_models(model.apply, data, state.models,
+                                                         clients),
+            lambda: jnp.zeros(candidates.shape, jnp.float32))
+        chosen = jnp.argmin(jnp.where(candidates, losses, jnp.inf), axis=1).astype(jnp.int32)
+        return jnp.where(count > 1, chosen, start), count.astype(jnp.float32)
 
     def split_clusters(state, start, updates, weights, params):
         """Bipartition every eligible cluster; returns new member clusters [S] and `active`."""
@@ -110,32 +178,34 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         distance = 1.0 - cosine_similarity(updates)  # [S, S]
 
         def split_one(k, carry):
-            member_cluster, active = carry
+            member_cluster, active, parent, born = carry
             free = jnp.argmin(active)  # first inactive slot (if any)
             can = eligible[k] & ~active[free]
 
             def do_split(carry):
-                member_cluster, active = carry
+                member_cluster, active, parent, born = carry
                 halves = complete_linkage(distance, 2, mask=start == k)
                 member_cluster = jnp.where(halves == 1, free, member_cluster)
-                return member_cluster, active.at[free].set(True)
+                return (member_cluster, active.at[free].set(True), parent.at[free].set(k),
+                        born.at[free].set(state.round))
 
-            return jax.lax.cond(can, do_split, lambda c: c, (member_cluster, active))
+            return jax.lax.cond(can, do_split, lambda c: c, carry)
 
-        member_cluster, active = jax.lax.fori_loop(0, max_clusters, split_one,
-                                                   (start, state.active))
+        member_cluster, active, parent, born = jax.lax.fori_loop(
+            0, max_clusters, split_one, (start, state.active, state.parent, state.born))
         # What the split test saw, in the units of eps1 / eps2: the smallest mean update norm
         # and the largest member update norm over clusters with more than two members.
         tested = state.active & (members > 2)
         seen = (jnp.min(jnp.where(tested, mean_norm, jnp.inf)) / scale,
                 jnp.max(jnp.where(tested, max_norm, 0.0)) / scale)
-        return member_cluster, active, seen
+        return member_cluster, active, (parent, born), seen
 
     def round_(state, data, key, hp):
         warmup = hp.params.warmup
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, clients_per_round)
-        start = state.assignment[clients]
+        start, models_down = rejoined(state, data, clients, state.assignment[clients],
+                                      hp.params.rejoin)
         trained, stats = train_and_collect(hp.training, data, train_key, state.models,
                                            RoundClients(clients, start))
         parents = jax.tree.map(lambda m: m[start], state.models)
@@ -149,8 +219,8 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         scale = jnp.where(in_warmup, (state.update_scale * count + mean_norm) / (count + 1),
                           state.update_scale)
         state = state.replace(update_scale=scale)
-        member_cluster, active, (mean_seen, max_seen) = split_clusters(state, start, updates,
-                                                                       weights, hp.params)
+        member_cluster, active, (parent, born), (mean_seen, max_seen) = split_clusters(
+            state, start, updates, weights, hp.params)
         # A new half starts from its parent's model, then every cluster takes its members'
         # weighted mean update.
         parent_of = jnp.arange(max_clusters).at[member_cluster].set(start)
@@ -162,6 +232,8 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         assignment, sizes = reassign(state.assignment, state.sizes, clients, member_cluster)
         metrics = training_metrics(weights, stats)
         metrics["num_clusters"] = cluster_count(sizes)
+        metrics["models_down"] = jnp.sum(models_down)  # the candidates a rejoining client tried
+        metrics["rejoined"] = jnp.sum(start != state.assignment[clients]).astype(jnp.float32)
         metrics["update_scale"] = scale
         metrics["split_mean_norm"] = jnp.where(jnp.isfinite(mean_seen), mean_seen, 0.0)
         metrics["split_max_norm"] = max_seen
@@ -169,7 +241,8 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["intra_cluster_distance"] = jnp.sum(
             weights * jnp.sum(jnp.square(trained_flat - new_centers), axis=1)) / jnp.sum(weights)
         new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
-                                  active=active, round=state.round + 1)
+                                  active=active, round=state.round + 1, parent=parent, born=born,
+                                  last_round=state.last_round.at[clients].set(state.round))
         return new_state, metrics
 
     return clustered_algorithm("cfl", init, round_)
