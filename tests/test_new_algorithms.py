@@ -112,6 +112,28 @@ def test_robust_round_matches_the_per_client_loop(aggregator):
     np.testing.assert_array_equal(new_state.assignment, assignment)  # one-shot clustering
 
 
+@pytest.mark.parametrize("start_epochs", [0, 3])
+def test_robust_start_points_are_local_models_after_the_start_epochs(start_epochs):
+    """The one-shot clustering's points: each client's model trained from W_0 for the run's E
+    epochs (robust_start_epochs 0) or for robust_start_epochs epochs."""
+    data = ragged_dataset([13, 30, 17, 40], seed=4).arrays
+    model = make_model("mclr", (5,), 3)
+    training = _training(model)
+    algorithm = build("robust", model, training, 4, 4, clusters=2,
+                      robust_start_epochs=start_epochs)
+    key = jax.random.key(3)
+    clients = jnp.arange(4, dtype=jnp.int32)
+    points = jax.jit(lambda: algorithm.algorithm.population_start.points(
+        data, key, algorithm.hp, clients))()
+    init_key, train_key, _ = jax.random.split(key, 3)
+    w0 = model.init(init_key)
+    epochs = training.replace(local_epochs=start_epochs or training.local_epochs)
+    for c in range(4):
+        want, _ = reference_local_train(epochs, data, train_key, w0, c)
+        np.testing.assert_allclose(points[c], np.asarray(flat_models(
+            jax.tree.map(lambda x: x[None], want)))[0], atol=1e-5)
+
+
 @pytest.mark.parametrize("name, features", [("mlp", (6,)), ("cnn-fmnist", (8, 8))])
 def test_matching_undoes_a_permutation_and_keeps_the_function(name, features):
     model = make_model(name, features, 4, hidden=(7, 5), conv="matmul")

@@ -2,11 +2,13 @@
 Federated Learning in a Heterogeneous Environment"): one-shot clustering, then robust
 aggregation inside each cluster. The FeSEM paper's "Robust (TKM)" baseline.
 
-Initialisation (the one shot): every client trains its local model from a common W_0; the
-server clusters the flattened local models with trimmed k-means (the trim fraction beta, 5% by
-default, of the models farthest from their centers left out of the centers; centers as
-trimmed means or coordinate-wise medians; 8 Lloyd iterations as in the FeSEM authors' code),
-and each cluster's model starts at its center. Assignments then stay fixed.
+Initialisation (the one shot): every client trains its local model from a common W_0 (the
+run's E epochs, or ``start_epochs``: the paper clusters the clients' local empirical risk
+minimisers, which longer training approaches); the server clusters the flattened local
+models with trimmed k-means (the trim fraction beta, 5% by default, of the models farthest
+from their centers left out of the centers; centers as trimmed means or coordinate-wise
+medians; 8 Lloyd iterations as in the FeSEM authors' code), and each cluster's model starts
+at its center. Assignments then stay fixed.
 
 Rounds: the sampled clients train from their cluster's model; the server replaces each
 cluster's model by a robust aggregate of its sampled members' models, coordinate by
@@ -59,6 +61,10 @@ class RobustParams:
                               choices=AGGREGATORS)
     iterations: int = setting(8, "trimmed k-means iterations (the FeSEM authors' code: 8)",
                               key="robust_iterations", minimum=1)
+    start_epochs: Annotated[int, Static("sets the start's training loop: a shape")] = setting(
+        0, "epochs each client trains from W_0 before the one-shot clustering (the paper "
+        "clusters local empirical risk minimisers: more epochs come closer); 0: the run's "
+        "local_epochs", key="robust_start_epochs", minimum=0)
 
 
 @register("robust", RobustParams, clustered=True,
@@ -70,10 +76,14 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
     model, num_clusters = context.model, context.num_clusters
 
     def start_points(data, key, hp, clients):
-        """[b, d] flattened local models of `clients`, trained once from W_0."""
+        """[b, d] flattened local models of `clients`, trained once from W_0 (for
+        ``start_epochs`` epochs when set)."""
         init_key, train_key, _ = jax.random.split(key, 3)
         w0 = model.init(init_key)
-        points, _ = train_and_collect(hp.training, data, train_key, stack(w0),
+        training = hp.training
+        if hp.params.start_epochs:
+            training = training.replace(local_epochs=hp.params.start_epochs, local_steps=None)
+        points, _ = train_and_collect(training, data, train_key, stack(w0),
                                       RoundClients(clients, jnp.zeros_like(clients)),
                                       features=flat_models)
         return points
