@@ -1,7 +1,8 @@
 """The small problem every registered algorithm is checked on (tests/test_conformance.py and its
 multi-device subprocess): 40 clients of 12-feature Gaussian data, 3 classes each (so that
 swap_part has labels to trade), with 4 planted label permutations; MCLR, 8 clients a round,
-2 local steps, K = 3."""
+2 local steps, K = 3. The algorithms that keep some layers per client (FedPer, LG-FedAvg) need
+two layers: an MLP 12-8-10 for them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from mcfl.models import make_model
 SETTINGS = {"clients": 40, "per_round": 8, "block": 4, "clusters": 3, "rounds": 3}
 # Hyperparameters scaled to the small problem, for the algorithms that take them.
 SMALL = {"pretrain_scale": 2, "cfl_warmup": 1, "fesem_restarts": 2}
+# The model each algorithm is checked with, when not MCLR: hidden layer sizes.
+LAYERED = {"fedper": (8,), "lg_fedavg": (8,)}
 
 
 def planted_data():
@@ -31,7 +34,8 @@ def build_small(name: str):
     (`conftest.Bound`: ``.algorithm``, ``.hp``)."""
     from conftest import algorithm
 
-    model = make_model("mclr", (12,), 10)
+    model = (make_model("mlp", (12,), 10, hidden=LAYERED[name]) if name in LAYERED
+             else make_model("mclr", (12,), 10))
     training = LocalTraining(model.apply, batch_size=10, lr=0.05, local_steps=2,
                              dense_layers=model.dense_layers)
     clusters = SETTINGS["clusters"] if get(name).clustered else 1

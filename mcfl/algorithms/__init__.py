@@ -16,6 +16,7 @@ from typing import Any, Optional
 from mcfl.algorithms import fedavg as _fedavg  # noqa: F401
 from mcfl.algorithms import fedsgd as _fedsgd  # noqa: F401
 from mcfl.algorithms import local as _local  # noqa: F401
+from mcfl.algorithms import partial as _partial  # noqa: F401
 from mcfl.algorithms import feddist as _feddist  # noqa: F401
 from mcfl.algorithms import feddane as _feddane  # noqa: F401
 from mcfl.algorithms import fesem as _fesem  # noqa: F401
