@@ -104,8 +104,11 @@ def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32():
-    config = mcfl.RunConfig(algorithm="local", **BASE)
+@pytest.mark.parametrize("algorithm", ["local", "fesem"])
+def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32(algorithm):
+    """Local's models, and FeSEM's start (every client's model through the store), kept in
+    bfloat16 by every store (the disk store once kept FeSEM's start in float32)."""
+    config = mcfl.RunConfig(algorithm=algorithm, **BASE, **STATEFUL[algorithm])
     full = mcfl.run(config)
     half = {store: mcfl.run(config.replace(client_store=store, client_store_dtype="bfloat16"))
             for store in ("device", "disk")}

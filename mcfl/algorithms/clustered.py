@@ -118,8 +118,10 @@ def finish_round(state, clients, joined, sums, weight_sums, stats, weights, trai
     return new_state, metrics
 
 
-def clustered_algorithm(name: str, init, round_, population_start=None) -> FederatedAlgorithm:
-    """A FederatedAlgorithm over a ClusterState: a client is evaluated with its cluster's model."""
+def clustered_algorithm(name: str, init, round_, population_start=None,
+                        store_dtype: str = "float32") -> FederatedAlgorithm:
+    """A FederatedAlgorithm over a ClusterState: a client is evaluated with its cluster's
+    model. `store_dtype`: the dtype a client store keeps the population start's models in."""
     return FederatedAlgorithm(
         name, init, round_, lambda s: (s.models, s.assignment), assignments=lambda s: s.assignment,
-        population_start=population_start)
+        population_start=population_start, store_dtype=store_dtype)

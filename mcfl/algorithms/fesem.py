@@ -191,4 +191,5 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
                             data.train_counts[clients], num_clusters)
 
     return clustered_algorithm(name, init, round_,
-                               population_start=PopulationStart(start_points, finish))
+                               population_start=PopulationStart(start_points, finish),
+                               store_dtype=context.store_dtype)

@@ -136,4 +136,5 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
                              round=state.round + 1), metrics
 
     return clustered_algorithm("robust", init, round_,
-                               population_start=PopulationStart(start_points, finish))
+                               population_start=PopulationStart(start_points, finish),
+                               store_dtype=context.store_dtype)
