@@ -17,6 +17,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
 
 from mcfl.clustering import (
+    agglomerative,
     complete_linkage,
     cosine_similarity,
     edc_embedding,
@@ -286,3 +287,39 @@ def test_complete_linkage_with_mask_ignores_points_outside():
     labels = np.asarray(LINKAGE(distance, num_clusters=4, mask=few))
     np.testing.assert_array_equal(labels[few], [0, 1, 2])
     assert np.all(labels[~few] == -1)
+
+
+@pytest.mark.parametrize("method", ["complete", "average", "ward"])
+@pytest.mark.parametrize("num_clusters, threshold", [(3, None), (1, 2.5), (4, 2.5)])
+def test_agglomerative_linkages_and_thresholds_match_scipy(method, num_clusters, threshold):
+    """Complete, average and Ward linkage (Lance-Williams) give scipy's clusters: cut at
+    `num_clusters`, or, with a threshold, every merge nearer than it and then as many more as
+    it takes to reach `num_clusters`."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.spatial.distance import squareform
+
+    rng = np.random.default_rng(11)
+    points = np.concatenate([c + rng.normal(size=(8, 3)) for c in ([0, 0, 0], [6, 0, 0],
+                                                                    [0, 6, 0], [3, 3, 8])])
+    distance = cdist(points, points)
+    tree = linkage(squareform(distance, checks=False), method=method)
+    run = jax.jit(agglomerative, static_argnames=("num_clusters", "method"))
+    labels = np.asarray(run(distance, num_clusters=num_clusters, method=method,
+                            threshold=threshold))
+    if threshold is None:
+        expected = fcluster(tree, num_clusters, criterion="maxclust")
+    else:
+        expected = fcluster(tree, np.nextafter(threshold, 0), criterion="distance")
+        if len(set(expected)) > num_clusters:
+            expected = fcluster(tree, num_clusters, criterion="maxclust")
+    assert adjusted_rand_score(expected, labels) == 1
+    _assert_ordered_labels(labels, len(set(labels.tolist())))
+
+
+@pytest.mark.parametrize("method", ["complete", "average", "ward"])
+def test_a_threshold_below_every_distance_merges_only_to_the_count(method):
+    distance = cdist(*(2 * [np.random.default_rng(12).normal(size=(9, 3))]))
+    run = jax.jit(agglomerative, static_argnames=("num_clusters", "method"))
+    np.testing.assert_array_equal(run(distance, num_clusters=3, method=method,
+                                      threshold=-np.inf),
+                                  run(distance, num_clusters=3, method=method))

@@ -1,6 +1,6 @@
 """Clustering of clients as pure, jittable JAX functions on flat [n, d] matrices (clients as
-rows): k-means (FeSEM), truncated SVD embeddings and MADC (FlexCFL), complete linkage (CFL),
-trimmed k-means and robust per-cluster statistics (Robust)."""
+rows): k-means (FeSEM), truncated SVD embeddings and MADC (FlexCFL), agglomerative linkage
+(CFL, FL+HC, PACFL), trimmed k-means and robust per-cluster statistics (Robust)."""
 
 from mcfl.clustering.distances import cosine_similarity, squared_distances
 from mcfl.clustering.kmeans import (
@@ -10,12 +10,13 @@ from mcfl.clustering.kmeans import (
     kmeans_plusplus_indices,
     lloyd,
 )
-from mcfl.clustering.linkage import complete_linkage
+from mcfl.clustering.linkage import agglomerative, complete_linkage
 from mcfl.clustering.robust import masked_statistic, segment_statistic, trimmed_kmeans
 from mcfl.clustering.svd import edc_embedding, madc, truncated_svd
 
 __all__ = [
     "KMeansResult",
+    "agglomerative",
     "complete_linkage",
     "cosine_similarity",
     "edc_embedding",
