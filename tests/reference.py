@@ -18,15 +18,13 @@ from mcfl.engine.batch_rule import epoch_positions
 
 
 def reference_local_train(training: LocalTraining, data, round_key, params, client: int,
-                          correction=None):
+                          correction=None, anchor=None):
     """One client's local training, step by step; `correction` (a tree) is added to every
-    step's gradient (FedDANE)."""
-    offset = int(data.train_offsets[client])
+    step's gradient (FedDANE, SCAFFOLD); the proximal term pulls to `anchor` (default: the
+    start `params`; Ditto: the global model)."""
     n = int(data.train_counts[client])
-    B = training.batch_size
-    steps_per_epoch = -(-n // B)
-    steps = training.local_steps or training.local_epochs * steps_per_epoch
-    anchor = params
+    steps = training.local_steps or training.local_epochs * -(-n // training.batch_size)
+    anchor = params if anchor is None else anchor
     optimizer = training.transform()
     opt_state = optimizer.init(params)
 
@@ -47,15 +45,27 @@ def reference_local_train(training: LocalTraining, data, round_key, params, clie
         updates, opt_state = optimizer.update(grads, opt_state, p)
         return optax.apply_updates(p, updates), opt_state
 
+    for xb, yb in reference_batches(training, data, round_key, client):
+        params, opt_state = step(params, opt_state, xb, yb)
+    return params, steps
+
+
+def reference_batches(training: LocalTraining, data, round_key, client: int):
+    """The batches (x, y) of one client's local steps in a round, in order, as the batch rule
+    documents them (a partial last batch of an epoch is short, not masked)."""
+    offset = int(data.train_offsets[client])
+    n = int(data.train_counts[client])
+    B = training.batch_size
+    steps_per_epoch = -(-n // B)
+    steps = training.local_steps or training.local_epochs * steps_per_epoch
     orders = {}
     for s in range(steps):
         epoch, b = divmod(s, steps_per_epoch)
         if epoch not in orders:
             orders[epoch] = np.asarray(epoch_positions(round_key, client, epoch, n))
-        pos = np.arange(b * B, min((b + 1) * B, n))  # a partial last batch, not masked
+        pos = np.arange(b * B, min((b + 1) * B, n))
         rows = np.asarray(data.train_order)[offset + orders[epoch][pos]]
-        params, opt_state = step(params, opt_state, data.x_train[rows], data.y_train[rows])
-    return params, steps
+        yield data.x_train[rows], data.y_train[rows]
 
 
 def reference_fedavg_round(training, data, params, round_key, clients_per_round: int):

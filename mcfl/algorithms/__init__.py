@@ -19,6 +19,8 @@ from mcfl.algorithms import local as _local  # noqa: F401
 from mcfl.algorithms import partial as _partial  # noqa: F401
 from mcfl.algorithms import feddist as _feddist  # noqa: F401
 from mcfl.algorithms import feddane as _feddane  # noqa: F401
+from mcfl.algorithms import scaffold as _scaffold  # noqa: F401
+from mcfl.algorithms import fednova as _fednova  # noqa: F401
 from mcfl.algorithms import fesem as _fesem  # noqa: F401
 from mcfl.algorithms import fesem_ma as _fesem_ma  # noqa: F401
 from mcfl.algorithms import ifca as _ifca  # noqa: F401

@@ -50,6 +50,9 @@ class RoundClients(NamedTuple):
     active: Optional[jax.Array] = None
     # [S, ...] per-client gradient corrections (`local_train`), trained on the per-client path
     correction: Optional[PyTree] = None
+    # [S] row of `start_models` each client's proximal term pulls to, when it is not the row
+    # it starts from (Ditto's personal models, pulled to the global one); per-client path
+    anchor_index: Optional[jax.Array] = None
 
 
 def _training_inputs(training, data, selection, weights, segments, prox_scale):
@@ -69,6 +72,8 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale):
     }
     if selection.correction is not None:
         inputs["correction"] = selection.correction
+    if selection.anchor_index is not None:
+        inputs["anchor"] = selection.anchor_index
     return inputs
 
 
@@ -81,9 +86,12 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
         if training.client_state is not None:  # FedBN: the client's own norm layers
             start = with_local_part(
                 start, jax.tree.map(lambda m: m[inp["client"]], training.client_state))
+        anchor = start
+        if "anchor" in inp:
+            anchor = jax.tree.map(lambda m: m[inp["anchor"]], start_models)
         if capacity is None:
             trained, loss_sum, taken = local_train(
-                training, data, key, start, start, inp["client"], inp["steps"], loop_length,
+                training, data, key, start, anchor, inp["client"], inp["steps"], loop_length,
                 inp["prox_scale"], masked=not alone, correction=inp.get("correction"),
             )
         else:
@@ -125,7 +133,8 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     layers = training.dense_layers
     if layers is None and training.factored is not None:
         layers = (training.factored.name,)
-    if not training.plain_sgd or layers is None or training.train_apply is not None:
+    if (not training.plain_sgd or layers is None or training.train_apply is not None
+            or training.objective is not None):
         if training.low_rank == "on":
             raise ValueError("the low-rank path needs plain SGD on a dense ReLU stack or a "
                              "model with one large dense layer (the CNNs), without a train "
@@ -189,10 +198,11 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
                       prox_scale, assign, sum_in_block=False, align=None):
     """The clients' inputs and the block function, shared by the collecting and the reducing
-    entry points. Clients with gradient corrections train on the per-client path."""
+    entry points. Clients with gradient corrections or their own anchors train on the
+    per-client path."""
     inputs = _training_inputs(training, data, selection, weights, segments, prox_scale)
-    capacity = (None if selection.correction is not None
-                else low_rank_capacity(training, data, start_models))
+    per_client = selection.correction is not None or selection.anchor_index is not None
+    capacity = None if per_client else low_rank_capacity(training, data, start_models)
     if capacity is None or training.dense_layers is None:
         block_fn = _training_block_fn(training, data, key, start_models, assign, capacity, align)
     else:

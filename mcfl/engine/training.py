@@ -68,6 +68,11 @@ class LocalTraining(flax.struct.PyTreeNode):
     # ...] (`mcfl.models.spec.local_part`), put into its start model before it trains; None:
     # the start model as it is.
     client_state: Any = None
+    # An algorithm's own local objective in place of the cross-entropy of `apply_fn`:
+    # (params, x [B, ...], y [B], mask [B]) -> (objective, reported loss), where params is
+    # whatever the clients train (APFL's (w, v, alpha), pFedMe's (w, theta)); the optimizer and
+    # the proximal term act on it as on a model. Trains on the per-client path.
+    objective: Optional[Callable] = flax.struct.field(pytree_node=False, default=None)
 
     def transform(self) -> optax.GradientTransformation:
         """The clients' optax optimizer (weight decay as an L2 gradient term before it)."""
@@ -157,14 +162,20 @@ def local_train(
     of steps that changed the parameters (counted, not assumed).
     """
     if training.train_apply is not None:
+        if training.objective is not None:
+            raise ValueError("an algorithm's own local objective needs a model without "
+                             "mutable collections or dropout")
         return _local_train_stateful(training, data, key, params, anchor, client, num_steps,
                                      loop_length, prox_scale, masked, correction)
     batch = training.batch_size
     optimizer = training.transform()
 
     def objective(p, xb, yb, mask):
-        loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
-        total = loss
+        if training.objective is not None:
+            total, loss = training.objective(p, xb, yb, mask)
+        else:
+            loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
+            total = loss
         if training.mu is not None:
             total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
         return total, loss

@@ -1,0 +1,109 @@
+"""SCAFFOLD (Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, ICML 2020, "SCAFFOLD:
+Stochastic Controlled Averaging for Federated Learning"), Algorithm 1 with option II.
+
+The server keeps the global model x and a control variate c; each client keeps its own control
+variate c_i (zero until it first trains). A sampled client starts from x and corrects every
+local gradient by the drift between the two variates:
+
+    y_i <- y_i - eta_l (g_i(y_i) - c_i + c)                       (K_i local steps)
+    c_i^+ = c_i - c + (x - y_i) / (K_i eta_l)                     (option II)
+
+and the server moves by the mean of the sampled clients' changes (plain means over the round's
+S clients, as in Algorithm 1; N clients in all):
+
+    x <- x + eta_g (1/S) sum_i (y_i - x),   c <- c + (1/N) sum_i (c_i^+ - c_i).
+
+K_i is the client's own step count (E epochs of ceil(n_i / B) steps). The clients' variates are
+rows of the run's client store (`mcfl.algorithms.stored`): on the device, in host memory or on
+disk. Every client is evaluated with x. Each client receives and sends two model-sized trees
+(x and c; y_i - x and c_i^+ - c_i), which the communication columns count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.engine import RoundClients, train_and_collect
+from mcfl.errors import ConfigError
+from mcfl.sampling import round_clients
+from mcfl.settings import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaffoldParams:
+    server_lr: float = setting(1.0, "server step toward the clients' average (1: plain "
+                               "averaging; SCAFFOLD's eta_g)", above=0)
+
+    def check(self, config) -> None:
+        if config.client_optimizer != "sgd" or config.weight_decay != 0:
+            raise ConfigError(
+                f"scaffold's control variates (option II) assume plain local SGD; got "
+                f"client_optimizer={config.client_optimizer}, weight_decay={config.weight_decay}"
+                f" (allowed: client_optimizer=sgd, weight_decay=0)")
+
+
+def zeros_like_model(model_tree):
+    return jax.tree.map(jnp.zeros_like, model_tree)
+
+
+@register("scaffold", ScaffoldParams, reference="Karimireddy et al., 2020, SCAFFOLD",
+          summary="clients train from the global model with gradients corrected by c - c_i "
+          "(control variates); c_i updated by option II; the server averages the models and "
+          "the variates' changes (Alg. 1)")
+def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
+    """SCAFFOLD; the shared state is (x, c), a client's row its c_i."""
+    model, clients_per_round = context.model, context.clients_per_round
+
+    def init_shared(data, key, hp):
+        del data, hp
+        x = model.init(key)
+        return x, zeros_like_model(x)
+
+    def fresh(shared, clients):
+        return stack(zeros_like_model(shared[1]), clients.shape[0])
+
+    def sample(data, key):
+        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+
+    def round_(shared, rows, clients, data, key, hp):
+        x, c = shared
+        train_key = jax.random.split(key)[1]
+        size = clients.shape[0]
+        correction = jax.tree.map(lambda cg, ci: cg[None] - ci, c, rows)  # c - c_i
+        trained, stats = train_and_collect(
+            hp.training, data, train_key, stack(x),
+            RoundClients(clients, jnp.zeros((size,), jnp.int32), correction=correction))
+        steps = stats.steps.astype(jnp.float32)
+        scale = jnp.where(steps > 0, 1.0 / jnp.maximum(steps * hp.training.lr, 1e-30), 0.0)
+
+        def variate(ci, cg, xg, y):  # option II; a client without steps keeps its c_i
+            moved = ci - cg[None] + _per_client(scale, y) * (xg[None] - y)
+            return jnp.where(_per_client(steps > 0, y), moved, ci)
+
+        new_rows = jax.tree.map(variate, rows, c, x, trained)
+        new_x = jax.tree.map(
+            lambda xg, y: xg + hp.params.server_lr * jnp.mean(y - xg[None], axis=0), x, trained)
+        new_c = jax.tree.map(lambda cg, new, old: cg + jnp.sum(new - old, axis=0)
+                             / data.num_clients, c, new_rows, rows)
+        metrics = training_metrics(data.train_counts[clients], stats)
+        metrics.update(models_down=2.0 * metrics["models_down"],  # x and c
+                       models_up=2.0 * metrics["models_up"])  # y_i - x and c_i^+ - c_i
+        return (new_x, new_c), new_rows, metrics
+
+    def models(shared, rows, clients):
+        del rows
+        return stack(shared[0], clients.shape[0])
+
+    return with_client_rows("scaffold", ClientRows(init_shared, fresh, sample, round_, models),
+                            context.store_dtype)
+
+
+def _per_client(values, like):
+    """[S] `values` shaped to broadcast against a stacked leaf `like` [S, ...]."""
+    return values.reshape((-1,) + (1,) * (like.ndim - 1))
