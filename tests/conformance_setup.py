@@ -1,8 +1,8 @@
 """The small problem every registered algorithm is checked on (tests/test_conformance.py and its
 multi-device subprocess): 40 clients of 12-feature Gaussian data, 3 classes each (so that
 swap_part has labels to trade), with 4 planted label permutations; MCLR, 8 clients a round,
-2 local steps, K = 3. The algorithms that keep some layers per client (FedPer, LG-FedAvg) need
-two layers: an MLP 12-8-10 for them."""
+2 local steps, K = 3. The algorithms that keep some layers per client (FedPer, LG-FedAvg,
+FedRep) need two layers: an MLP 12-8-10 for them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ SETTINGS = {"clients": 40, "per_round": 8, "block": 4, "clusters": 3, "rounds": 
 # Hyperparameters scaled to the small problem, for the algorithms that take them.
 SMALL = {"pretrain_scale": 2, "cfl_warmup": 1, "fesem_restarts": 2}
 # The model each algorithm is checked with, when not MCLR: hidden layer sizes.
-LAYERED = {"fedper": (8,), "lg_fedavg": (8,)}
+LAYERED = {"fedper": (8,), "lg_fedavg": (8,), "fedrep": (8,)}
 
 
 def planted_data():

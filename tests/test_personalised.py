@@ -6,6 +6,7 @@ from __future__ import annotations
 import chex
 import jax
 import numpy as np
+import optax
 import pytest
 from conftest import algorithm as build
 
@@ -13,7 +14,7 @@ from mcfl.engine import LocalTraining
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from mcfl.sampling import sample_clients
-from tests.reference import reference_local_train
+from tests.reference import reference_batches, reference_local_train
 
 # (algorithm, its layer-count key, the own layers of MLP 5-8-6-3 it gives for count 1)
 SPLITS = {"fedper": ("layers", {"Dense_2"}), "lg_fedavg": ("local_layers", {"Dense_0"})}
@@ -67,3 +68,168 @@ def test_a_layer_count_the_model_cannot_split_is_one_clear_error(ragged):
     with pytest.raises(ConfigError, match=r"fedper_layers=2: the model has 2 layers "
                        r"\(Dense_0, Dense_1\); between 1 and 1"):
         algorithm.init(ragged.arrays, jax.random.key(0))
+
+
+def test_ditto_global_and_personal_models_as_a_per_client_loop(ragged):
+    """Ditto (Li et al. 2021, Alg. 1), two rounds of 4 of 6 ragged clients: w by FedAvg; each
+    sampled client's personal model v_k trains from where it left off (W_0 at first) on
+    F_k(v) + (lambda/2)||v - w^t||^2 with the round's w^t; evaluated with v_k."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.05, batch_size=10, local_epochs=2)
+    algorithm = build("ditto", model, training, 4, 3, ditto_lambda=0.5)
+    state = algorithm.init(data, jax.random.key(2))
+    w = state.shared[0]
+    personal = [w] * 6
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(40 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        global_key, personal_key = jax.random.split(train_key)
+        clients = np.asarray(sample_clients(sample_key, 6, 4))
+        counts = np.asarray(data.train_counts)[clients].astype(np.float64)
+        trained = [reference_local_train(training, data, global_key, w, int(c))[0]
+                   for c in clients]
+        for c in clients:
+            personal[c], _ = reference_local_train(training.replace(mu=0.5), data, personal_key,
+                                                   personal[c], int(c), anchor=w)
+        share = counts / counts.sum()
+        w = jax.tree.map(lambda *leaves, s=share: sum(p * x for p, x in zip(s, leaves)), *trained)
+        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        for c in range(6):
+            chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
+                                        personal[c], atol=2e-5)
+    models, index = algorithm.algorithm.client_models(state)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[index[3]], models), personal[3],
+                                atol=2e-5)
+
+
+def _ce(model):
+    """Mean cross-entropy of `model` on a batch, and its gradient (jitted)."""
+    loss = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(p, x), y).mean())
+    return loss, jax.jit(jax.grad(lambda p, x, y: loss(p, x, y)))
+
+
+def _sub(a, b, scale=1.0):
+    return jax.tree.map(lambda u, v: u - scale * v, a, b)
+
+
+def test_apfl_mixtures_as_a_per_client_loop(ragged):
+    """APFL (Deng et al. 2020, Alg. 1, adaptive alpha), two rounds of 3 of 6 ragged clients,
+    written out step by step: w <- w - eta grad f(w); v <- v - eta alpha grad f(v_bar);
+    alpha <- alpha - eta <v - w, grad f(v_bar)>; the server averages w by n_i."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=1)
+    algorithm = build("apfl", model, training, 3, 3, apfl_alpha=0.4)
+    state = algorithm.init(data, jax.random.key(3))
+    _, grad = _ce(model)
+    w = state.shared[0]
+    v, alpha = [w] * 6, [0.4] * 6
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(50 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        trained_w = []
+        for c in clients:
+            wc, vc, a = w, v[c], alpha[c]
+            for xb, yb in reference_batches(training, data, train_key, int(c)):
+                mixed = jax.tree.map(lambda p, q, a=a: a * p + (1 - a) * q, vc, wc)
+                g_mixed, g_w = grad(mixed, xb, yb), grad(wc, xb, yb)
+                g_alpha = sum(float(np.sum((p - q) * g)) for p, q, g in zip(
+                    jax.tree.leaves(vc), jax.tree.leaves(wc), jax.tree.leaves(g_mixed)))
+                vc = _sub(vc, g_mixed, 0.1 * a)
+                wc = _sub(wc, g_w, 0.1)
+                a = a - 0.1 * g_alpha
+            trained_w.append(wc)
+            v[c], alpha[c] = vc, min(max(a, 0.0), 1.0)
+        share = np.asarray(data.train_counts)[clients] / np.sum(
+            np.asarray(data.train_counts)[clients])
+        w = jax.tree.map(lambda *x, s=share: sum(p * u for p, u in zip(s, x)), *trained_w)
+        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        np.testing.assert_allclose(state.rows[1], alpha, atol=2e-5)
+        for c in range(6):
+            chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows[0]), v[c],
+                                        atol=2e-5)
+    models, index = algorithm.algorithm.client_models(state)
+    want = jax.tree.map(lambda p, q: alpha[1] * p + (1 - alpha[1]) * q, v[1], w)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[index[1]], models), want, atol=2e-5)
+
+
+def test_fedrep_head_then_body_as_a_per_client_loop(ragged):
+    """FedRep (Collins et al. 2021, Alg. 1), two rounds of 3 of 6 clients on MLP 5-8-3: the
+    client's head trains 2 epochs with the body fixed, then the body 1 epoch with the new head
+    fixed; bodies averaged by n_i, heads kept."""
+    data = ragged.arrays
+    model = make_model("mlp", (5,), 3, hidden=(8,))
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=1)
+    algorithm = build("fedrep", model, training, 3, 3, fedrep_head_epochs=2)
+    state = algorithm.init(data, jax.random.key(4))
+    _, grad = _ce(model)
+    body = state.shared[0]
+    heads = [state.shared[1]] * 6
+    assert set(body) == {"Dense_0"} and set(heads[0]) == {"Dense_1"}
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(60 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        head_key, body_key = jax.random.split(train_key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        bodies = []
+        for c in clients:
+            b, h = body, heads[c]
+            for xb, yb in reference_batches(training.replace(local_epochs=2), data, head_key,
+                                            int(c)):
+                h = _sub(h, {"Dense_1": grad({**b, **h}, xb, yb)["Dense_1"]}, 0.1)
+            for xb, yb in reference_batches(training, data, body_key, int(c)):
+                b = _sub(b, {"Dense_0": grad({**b, **h}, xb, yb)["Dense_0"]}, 0.1)
+            heads[c] = h
+            bodies.append(b)
+        share = np.asarray(data.train_counts)[clients] / np.sum(
+            np.asarray(data.train_counts)[clients])
+        body = jax.tree.map(lambda *x, s=share: sum(p * u for p, u in zip(s, x)), *bodies)
+        chex.assert_trees_all_close(state.shared[0], body, atol=2e-5)
+        for c in range(6):
+            chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
+                                        heads[c], atol=2e-5)
+
+
+def test_pfedme_personal_and_local_models_as_a_per_client_loop(ragged):
+    """pFedMe (Dinh et al. 2020, Alg. 1), two rounds of 3 of 6 clients: per batch, K = 3
+    gradient steps on f(theta) + (lambda/2)||theta - w||^2 from theta, then
+    w <- w - eta lambda (w - theta); server (1 - beta) w + beta * mean w_i."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.05, batch_size=10, local_epochs=1)
+    algorithm = build("pfedme", model, training, 3, 3, pfedme_lambda=2.0,
+                      pfedme_personal_lr=0.1, pfedme_inner_steps=3, pfedme_beta=1.5)
+    state = algorithm.init(data, jax.random.key(5))
+    _, grad = _ce(model)
+    w = state.shared[0]
+    theta = [w] * 6
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(70 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        locals_ = []
+        for c in clients:
+            wc, t = w, w
+            for xb, yb in reference_batches(training, data, train_key, int(c)):
+                for _ in range(3):
+                    g = grad(t, xb, yb)
+                    t = jax.tree.map(lambda p, gp, q: p - 0.1 * (gp + 2.0 * (p - q)), t, g, wc)
+                wc = jax.tree.map(lambda p, q: p - 0.05 * 2.0 * (p - q), wc, t)
+            theta[c] = t
+            locals_.append(wc)
+        w = jax.tree.map(lambda g, *x: -0.5 * g + 1.5 * np.mean(x, axis=0), w, *locals_)
+        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        for c in range(6):
+            chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
+                                        theta[c], atol=2e-5)

@@ -1,0 +1,83 @@
+"""Ditto (Li, Hu, Beirami and Smith, ICML 2021, "Ditto: Fair and Robust Federated Learning
+Through Personalization"), Algorithm 1.
+
+Two models per client round: the global model w is trained by FedAvg (the sampled clients train
+it from w^t for E local epochs; the server takes their n_i-weighted mean), and each sampled
+client k also trains its personal model v_k, for as many local steps, on its own objective
+plus a pull toward the round's global model (Eq. 2):
+
+    min_v  F_k(v) + (lambda / 2) ||v - w^t||^2.
+
+lambda = 0 makes v_k a local model; large lambda brings it to w. Personal models start at W_0
+(the global model's initialisation) and are rows of the run's client store
+(`mcfl.algorithms.stored`): on the device, in host memory or on disk. Each client is evaluated
+with its personal model (the paper's personalised accuracy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.engine import RoundClients, segment_mean, train_and_aggregate, train_and_collect
+from mcfl.sampling import round_clients
+from mcfl.settings import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class DittoParams:
+    lam: float = setting(0.1, "lambda of Eq. 2: the personal model's pull toward the global "
+                         "one (the paper tunes it per dataset; 0: local models)",
+                         key="ditto_lambda", minimum=0)
+
+
+@register("ditto", DittoParams, reference="Li et al., 2021, Ditto",
+          summary="FedAvg on the global model w; each sampled client also trains its personal "
+          "model on F_k(v) + (lambda/2)‖v − w‖² (Eq. 2); evaluated with the personal model")
+def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
+    """Ditto; the shared state is (w, W_0), a client's row its personal model v_k (W_0 until
+    it first trains)."""
+    model, clients_per_round = context.model, context.clients_per_round
+
+    def init_shared(data, key, hp):
+        del data, hp
+        w0 = model.init(key)
+        return w0, w0
+
+    def fresh(shared, clients):
+        return stack(shared[1], clients.shape[0])
+
+    def sample(data, key):
+        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+
+    def round_(shared, rows, clients, data, key, hp):
+        w, w0 = shared
+        global_key, personal_key = jax.random.split(jax.random.split(key)[1])
+        size = clients.shape[0]
+        zeros = jnp.zeros((size,), jnp.int32)
+        samples = data.train_counts[clients]
+        start = stack(w)
+        sums, weight_sums, _, stats = train_and_aggregate(
+            hp.training, data, global_key, start, RoundClients(clients, zeros), samples, zeros,
+            1)
+        new_w = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
+        # Personal models: row 1 + i of [w, v_1 .. v_S] starts client i, row 0 pulls it.
+        models = jax.tree.map(lambda g, v: jnp.concatenate([g[None], v]), w, rows)
+        personal, personal_stats = train_and_collect(
+            hp.training.replace(mu=hp.params.lam), data, personal_key, models,
+            RoundClients(clients, 1 + jnp.arange(size, dtype=jnp.int32), anchor_index=zeros))
+        metrics = training_metrics(samples, stats)
+        metrics["personal_loss"] = training_metrics(samples, personal_stats)["train_loss"]
+        return (new_w, w0), personal, metrics
+
+    def models(shared, rows, clients):
+        del shared, clients
+        return rows
+
+    return with_client_rows("ditto", ClientRows(init_shared, fresh, sample, round_, models),
+                            context.store_dtype)

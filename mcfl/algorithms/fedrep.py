@@ -1,0 +1,100 @@
+"""FedRep (Collins, Hassani, Mokhtari and Shakkottai, ICML 2021, "Exploiting Shared
+Representations for Personalized Federated Learning"), Algorithm 1.
+
+The model is a shared representation (the body: every layer but the last `fedrep_head_layers`)
+and a head each client keeps. A sampled client first trains its head for `fedrep_head_epochs`
+epochs with the round's body fixed, then the body for the run's local epochs (or steps) with
+its new head fixed; the server averages the trained bodies (weighted by n_i, as FedAvg). Heads
+start at W_0's and are rows of the run's client store. Each client is evaluated with the
+body and its own head. Layers as in `mcfl.algorithms.partial`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.apfl import refuse_stateful
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.partial import joined, own_layers, split
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine.training import masked_cross_entropy
+from mcfl.errors import ConfigError
+from mcfl.sampling import round_clients
+from mcfl.settings import Static, setting
+
+
+@dataclasses.dataclass(frozen=True)
+class FedRepParams:
+    head_layers: int = setting(1, "the head: the model's last this many layers, each "
+                               "client's own", key="fedrep_head_layers", minimum=1)
+    head_epochs: Annotated[int, Static("sets the head's training loop: a shape")] = setting(
+        10, "epochs a client trains its head (body fixed) before the body (the paper's "
+        "tau_h: 10)", key="fedrep_head_epochs", minimum=1)
+
+    def check(self, config) -> None:
+        if config.weight_decay != 0:
+            raise ConfigError(f"fedrep holds one part of the model fixed while the other "
+                              f"trains, which weight decay would move; got weight_decay="
+                              f"{config.weight_decay} (allowed: 0)")
+
+
+@register("fedrep", FedRepParams, reference="Collins et al., 2021, FedRep",
+          summary="clients train their own head (fedrep_head_epochs, body fixed), then the "
+          "shared body (head fixed); bodies averaged; evaluated with body and own head")
+def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
+    """FedRep; the shared state is (body, W_0's head), a client's row its head."""
+    model, clients_per_round = context.model, context.clients_per_round
+    refuse_stateful(model, "fedrep")
+
+    def head_of(params):
+        return own_layers(model, params.head_layers, True, "fedrep_head_layers")
+
+    def init_shared(data, key, hp):
+        del data
+        return split(model.init(key), head_of(hp.params), ())
+
+    def fresh(shared, clients):
+        return stack(shared[1], clients.shape[0])
+
+    def sample(data, key):
+        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+
+    def objective_training(training, train):
+        """`training` on the whole model with only the part `train` ("body" or "head")
+        moving."""
+        def objective(p, xb, yb, mask):
+            fixed = "head" if train == "body" else "body"
+            parts = {train: p[train], fixed: jax.lax.stop_gradient(p[fixed])}
+            loss = masked_cross_entropy(model.apply(joined(parts["body"], parts["head"], ()),
+                                                    xb), yb, mask)
+            return loss, loss
+
+        return training.replace(objective=objective, low_rank="off")
+
+    def round_(shared, rows, clients, data, key, hp):
+        head_key, body_key = jax.random.split(jax.random.split(key)[1])
+        size = clients.shape[0]
+        selection = RoundClients(clients, jnp.arange(size, dtype=jnp.int32))
+        start = {"body": stack(shared[0], size), "head": rows}
+        head_training = hp.training.replace(local_epochs=hp.params.head_epochs,
+                                            local_steps=None)
+        heads, _ = train_and_collect(objective_training(head_training, "head"), data,
+                                     head_key, start, selection)
+        trained, stats = train_and_collect(objective_training(hp.training, "body"), data,
+                                           body_key, heads, selection)
+        weights = data.train_counts[clients].astype(jnp.float32)
+        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
+        body = jax.tree.map(lambda x: jnp.tensordot(share, x, axes=1), trained["body"])
+        return (body, shared[1]), trained["head"], training_metrics(weights, stats)
+
+    def models(shared, rows, clients):
+        return joined(stack(shared[0], clients.shape[0]), rows, ())
+
+    return with_client_rows("fedrep", ClientRows(init_shared, fresh, sample, round_, models),
+                            context.store_dtype)
