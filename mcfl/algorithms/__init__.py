@@ -30,6 +30,8 @@ from mcfl.algorithms import fesem_ma as _fesem_ma  # noqa: F401
 from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
 from mcfl.algorithms import robust as _robust  # noqa: F401
+from mcfl.algorithms import flhc as _flhc  # noqa: F401
+from mcfl.algorithms import pacfl as _pacfl  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl import settings
 from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams

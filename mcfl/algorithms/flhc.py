@@ -1,0 +1,108 @@
+"""FL+HC (Briggs, Fan and Andras, IJCNN 2020, "Federated learning with hierarchical clustering
+of local updates to improve training on non-IID data"), Algorithm 1.
+
+FedAvg for `flhc_warmup` rounds (n in the paper); in the next round every client trains from
+the global model and sends its update W_i - W; the server clusters the updates by
+agglomerative clustering (Euclidean distance; Ward linkage by default, as the paper's
+scikit-learn setting), into the run's K clusters or, with `flhc_threshold` > 0, merging while
+clusters are closer than it (at most K). Each cluster's model becomes its members' mean of
+that round (weighted by n_i), and from then on each cluster trains by FedAvg on its own; the
+assignments stay. One jitted round: the clustering round is a branch taken once (both are
+compiled), holding every client's update [C, d] and a [C, C] distance matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.clustered import (
+    ClusterState,
+    cluster_count,
+    cluster_sizes,
+    clustered_algorithm,
+    finish_round,
+    flat_models,
+)
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.clustering import agglomerative, squared_distances
+from mcfl.clustering.linkage import LINKAGES
+from mcfl.engine import RoundClients, train_and_aggregate, train_and_collect
+from mcfl.sampling import round_clients
+from mcfl.settings import setting
+
+
+@dataclasses.dataclass(frozen=True)
+class FLHCParams:
+    warmup: int = setting(10, "FedAvg rounds before the clustering round (the paper's n)",
+                          key="flhc_warmup", minimum=0)
+    linkage: str = setting("ward", "linkage of the hierarchical clustering of updates",
+                           key="flhc_linkage", choices=LINKAGES)
+    threshold: float = setting(0.0, "merge clusters closer than this Euclidean distance "
+                               "between updates (at most K clusters); 0: exactly K clusters",
+                               key="flhc_threshold", minimum=0)
+
+
+@register("flhc", FLHCParams, clustered=True, reference="Briggs et al., 2020, FL+HC",
+          summary="FedAvg for flhc_warmup rounds; then every client's update is clustered "
+          "hierarchically (Euclidean, Ward) into K clusters (or under a threshold); FedAvg per "
+          "cluster after")
+def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
+    model, num_clusters = context.model, context.num_clusters
+
+    def init(data, key, hp):
+        del hp
+        models = stack(model.init(key), num_clusters)
+        assignment = jnp.zeros((data.num_clients,), jnp.int32)
+        return ClusterState.create(models, assignment, jnp.arange(num_clusters) == 0)
+
+    def cluster_round(state, data, key, hp):
+        """Every client trains from the global model; clusters of their updates; each
+        cluster's model the n_i-weighted mean of its members'."""
+        clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+        zeros = jnp.zeros_like(clients)
+        global_model = jax.tree.map(lambda m: m[:1], state.models)
+        trained, stats = train_and_collect(hp.training, data, jax.random.split(key)[1],
+                                           global_model, RoundClients(clients, zeros),
+                                           features=flat_models)
+        updates = trained - flat_models(global_model)  # [C, d]
+        distance = jnp.sqrt(jnp.maximum(squared_distances(updates, updates), 0.0))
+        threshold = hp.params.threshold
+        labels = agglomerative(distance, num_clusters, method=hp.params.linkage,
+                               threshold=jnp.where(threshold > 0, threshold, -jnp.inf))
+        weights = data.train_counts.astype(jnp.float32)
+        onehot = jax.nn.one_hot(labels, num_clusters, dtype=jnp.float32) * weights[:, None]
+        mass = jnp.sum(onehot, axis=0)
+        centers = (onehot.T @ trained) / jnp.maximum(mass, 1e-30)[:, None]  # [K, d]
+        flat_global = flat_models(global_model)
+        centers = jnp.where((mass > 0)[:, None], centers, flat_global)
+        _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], global_model))
+        models = jax.vmap(unravel)(centers)
+        sizes = cluster_sizes(labels, num_clusters)
+        metrics = training_metrics(weights, stats)
+        metrics["intra_cluster_distance"] = jnp.sum(
+            weights * jnp.sum(jnp.square(trained - centers[labels]), axis=1)) / jnp.sum(weights)
+        metrics["num_clusters"] = cluster_count(sizes)
+        return state.replace(models=models, assignment=labels, active=sizes > 0, sizes=sizes,
+                             round=state.round + 1), metrics
+
+    def fedavg_round(state, data, key, hp):
+        sample_key, train_key = jax.random.split(key)
+        clients = round_clients(data, sample_key, context.clients_per_round)
+        cluster = state.assignment[clients]
+        weights = data.train_counts[clients]
+        sums, weight_sums, _, stats = train_and_aggregate(
+            hp.training, data, train_key, state.models, RoundClients(clients, cluster),
+            weights, cluster, num_clusters)
+        return finish_round(state, clients, cluster, sums, weight_sums, stats, weights,
+                            data.train_counts[clients], num_clusters)
+
+    def round_(state, data, key, hp):
+        return jax.lax.cond(state.round == hp.params.warmup, cluster_round, fedavg_round,
+                            state, data, key, hp)
+
+    return clustered_algorithm("flhc", init, round_)
