@@ -73,8 +73,9 @@ class TrainingSettings:
                                           "fast paths need plain SGD")] = setting(
         0.0, "L2 weight decay on the clients", minimum=0)
     client_store_dtype: str = setting("float32", "what clients keep between rounds (Local's "
-                                      "models) is stored as float32 or bfloat16 (half the "
-                                      "memory; training stays float32)",
+                                      "and personal models, control variates; FeSEM's and "
+                                      "Robust's start) is stored as float32 or bfloat16 (half "
+                                      "the memory; training stays float32)",
                                       choices=STORE_DTYPES)
 
 
@@ -137,10 +138,11 @@ class ExecutionSettings:
                         "TPU)", choices=CONVS)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
-    client_store: str = setting("auto", "where clients' kept state (Local's models, FeSEM's "
-                                "and Robust's start) lives: device | host (memory) | disk (the "
-                                "run folder, or a temporary one) | auto (device if it fits, "
-                                "else host, else disk)", choices=CLIENT_STORES)
+    client_store: str = setting("auto", "where clients' kept state (Local's and personal "
+                                "models, control variates; FeSEM's and Robust's start) "
+                                "lives: device | host (memory) | disk (the run folder, or a "
+                                "temporary one) | auto (device if it fits, else host, else "
+                                "disk)", choices=CLIENT_STORES)
 
 
 # The groups of a RunConfig: attribute name -> settings class, in the order flags, config
