@@ -101,6 +101,20 @@ def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):
         reproduce.run_table("flexcfl-table3-synthetic", out, cells=["FedAvg"])
 
 
+def test_the_baselines_table_reports_accuracy_and_ari_once_each(tmp_path):
+    """Two Synthetic cells of clustered-baselines, tiny: one ARI column (a metric of its own
+    there), accuracy per cell, the orderings of parts not run said to lack cells."""
+    out = tmp_path / "baselines"
+    found = reproduce.run_table(
+        "clustered-baselines", out, quick=True, seeds=1, cells=["Synthetic FedAvg",
+                                                                "Synthetic IFCA"],
+        overrides={"clients": 80, "rounds": 2, "clients_per_round": 4, "eval_every": 1})
+    assert [r["cell"] for r in found["rows"]] == ["Synthetic FedAvg", "Synthetic IFCA"]
+    text = (out / "table.md").read_text()
+    assert "| cell | Micro-Acc | ARI | settings |" in text
+    assert "not enough cells scored here" in text
+
+
 def test_cli_list_and_bad_names(capsys):
     assert main(["reproduce", "--list"]) == 0
     printed = capsys.readouterr().out

@@ -101,15 +101,18 @@ def format_markdown(table: Table, quick: bool, base: RunConfig, seeds: list[int]
                          f"{_fmt(r['mcfl_best_mean'])} | "
                          f"{_fmt(r['cluster_ari_mean'], '.2f')} | {_settings(r)} |")
     else:  # one column per metric: mcfl (paper, difference)
+        # (the ARI column, unless the table has ARI among its metrics)
+        ari = "cluster_ari" not in {m.key for m in table.metrics}
         lines += ["| cell | " + " | ".join(m.header for m in table.metrics)
-                  + " | ARI | settings |",
-                  "| --- " * (len(table.metrics) + 3) + "|"]
+                  + (" | ARI" if ari else "") + " | settings |",
+                  "| --- " * (len(table.metrics) + 2 + ari) + "|"]
         for r in rows:
             entries = [_mean_std(e) + ("" if e["paper"] is None else
                                        f" ({_fmt(e['paper'])}, {_fmt(e['difference'], '+.1f')})")
                        for e in r["metrics"]]
             lines.append(f"| {r['cell']} | " + " | ".join(entries)
-                         + f" | {_fmt(r['cluster_ari_mean'], '.2f')} | {_settings(r)} |")
+                         + (f" | {_fmt(r['cluster_ari_mean'], '.2f')}" if ari else "")
+                         + f" | {_settings(r)} |")
         if any(e["paper"] is not None for r in rows for e in r["metrics"]):
             lines += ["", "Each entry: mcfl mean +/- std (the paper's value, difference)."]
     shown_base = ", ".join(f"{k}={v}" for k, v in base.to_dict().items()
