@@ -34,7 +34,8 @@ BASE = dict(dataset="digits", partition="rotated:2", model="mlp", hidden=(8,), c
             rounds=3, clients_per_round=4, lr=0.05, clusters=2, eval_every=1, embed_clients=4,
             seed=3)
 STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
-            "robust": {"robust_centroid": "median"}}
+            "robust": {"robust_centroid": "median"},
+            "apfl": {}}  # (rows of two trees, one a scalar per client)
 
 
 def _without_timings(result):
