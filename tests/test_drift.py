@@ -112,3 +112,30 @@ def test_scaffold_control_variates_as_a_per_client_loop(ragged):
         for k in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda t, k=k: t[k], state.rows), ci[k],
                                         atol=2e-4)
+
+
+def test_fednova_coefficients_of_a_tiny_proximal_pull_are_the_step_counts():
+    """(1 - (1 - eta mu)^tau) / (eta mu) tends to tau as eta mu -> 0; in float32 the direct
+    form loses it below eta mu ~ 6e-8 (1 - eta mu rounds to 1)."""
+    from mcfl.algorithms.fednova import gradient_weight
+
+    model = make_model("mclr", (5,), 3)
+    steps = jax.numpy.asarray([1, 7, 60])
+    for mu in (1e-7, 1e-3):
+        training = LocalTraining(model.apply, lr=0.05, batch_size=10, mu=mu)
+        want = [(1 - (1 - 0.05 * mu) ** t) / (0.05 * mu) for t in (1, 7, 60)]  # float64
+        np.testing.assert_allclose(gradient_weight(steps, training), want, rtol=1e-5)
+
+
+def test_a_sweep_over_fednova_mu_is_one_program():
+    """fednova_mu is a traced number: a grid over it runs as one group, each member as its
+    own run."""
+    import mcfl
+
+    config = mcfl.RunConfig(algorithm="fednova", clients=12, clients_per_round=4, rounds=2,
+                            eval_every=2, embed_clients=0)
+    result = mcfl.sweep(config, seeds=[0], grid={"fednova_mu": [0.0, 0.1]})
+    assert len(result.groups) == 1 and result.groups[0]["traced"] == ["fednova_mu"]
+    single = mcfl.run(config.replace(fednova_mu=0.1))
+    np.testing.assert_allclose(result.members[1]["final_accuracy_micro"],
+                               single.summary["final_accuracy_micro"], atol=1e-6)

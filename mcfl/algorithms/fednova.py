@@ -58,8 +58,11 @@ def gradient_weight(steps: jax.Array, training: LocalTraining) -> jax.Array:
         return (steps - rho * (1.0 - rho ** steps) / (1.0 - rho)) / (1.0 - rho)
     if training.mu is not None:
         shrink = jnp.asarray(training.lr * training.mu, jnp.float32)
-        return jnp.where(shrink > 0, (1.0 - (1.0 - shrink) ** steps) / jnp.maximum(shrink, 1e-30),
-                         steps)
+        # 1 - (1 - shrink)^steps, without float32's cancellation for a tiny shrink
+        stable = -jnp.expm1(steps * jnp.log1p(-jnp.minimum(shrink, 0.5)))
+        direct = 1.0 - (1.0 - shrink) ** steps
+        summed = jnp.where(shrink < 0.5, stable, direct) / jnp.maximum(shrink, 1e-30)
+        return jnp.where(shrink > 0, summed, steps)
     return steps
 
 
@@ -79,9 +82,9 @@ def fednova(context: AlgorithmContext) -> FederatedAlgorithm:
         sample_key, train_key = jax.random.split(key)
         clients = round_clients(data, sample_key, context.clients_per_round)
         zeros = jnp.zeros_like(clients)
-        training = hp.training
-        if hp.params.mu > 0:
-            training = training.replace(mu=hp.params.mu)
+        # (mu 0 pulls with weight 0: the same steps, and mu stays a traced number a sweep
+        # can vary)
+        training = hp.training.replace(mu=hp.params.mu)
         samples = data.train_counts[clients]
         p = samples.astype(jnp.float32) / jnp.maximum(jnp.sum(samples), 1).astype(jnp.float32)
         a = gradient_weight(client_num_steps(samples, training), training)
