@@ -8,7 +8,14 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
-from mcfl.engine import ClientStats, segment_mean, segment_sums
+from mcfl.engine import (
+    ClientStats,
+    RoundClients,
+    segment_mean,
+    segment_sums,
+    train_and_aggregate,
+)
+from mcfl.sampling import round_clients
 
 
 class ClusterState(flax.struct.PyTreeNode):
@@ -116,6 +123,21 @@ def finish_round(state, clients, joined, sums, weight_sums, stats, weights, trai
     new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
                               round=state.round + 1)
     return new_state, metrics
+
+
+def fixed_cluster_round(state, data, key, hp, clients_per_round: int, num_clusters: int):
+    """A round of FedAvg inside each cluster with the clients' clusters kept (after a one-shot
+    clustering: FL+HC, PACFL): the sampled clients train from their cluster's model, each
+    cluster takes its members' mean weighted by n_i."""
+    sample_key, train_key = jax.random.split(key)
+    clients = round_clients(data, sample_key, clients_per_round)
+    cluster = state.assignment[clients]
+    weights = data.train_counts[clients]
+    sums, weight_sums, _, stats = train_and_aggregate(
+        hp.training, data, train_key, state.models, RoundClients(clients, cluster), weights,
+        cluster, num_clusters)
+    return finish_round(state, clients, cluster, sums, weight_sums, stats, weights, weights,
+                        num_clusters)
 
 
 def clustered_algorithm(name: str, init, round_, population_start=None,

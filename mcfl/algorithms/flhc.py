@@ -25,14 +25,13 @@ from mcfl.algorithms.clustered import (
     cluster_count,
     cluster_sizes,
     clustered_algorithm,
-    finish_round,
+    fixed_cluster_round,
     flat_models,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative, squared_distances
 from mcfl.clustering.linkage import LINKAGES
-from mcfl.engine import RoundClients, train_and_aggregate, train_and_collect
-from mcfl.sampling import round_clients
+from mcfl.engine import RoundClients, train_and_collect
 from mcfl.settings import setting
 
 
@@ -91,15 +90,8 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
                              round=state.round + 1), metrics
 
     def fedavg_round(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
-        cluster = state.assignment[clients]
-        weights = data.train_counts[clients]
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, train_key, state.models, RoundClients(clients, cluster),
-            weights, cluster, num_clusters)
-        return finish_round(state, clients, cluster, sums, weight_sums, stats, weights,
-                            data.train_counts[clients], num_clusters)
+        return fixed_cluster_round(state, data, key, hp, context.clients_per_round,
+                                   num_clusters)
 
     def round_(state, data, key, hp):
         return jax.lax.cond(state.round == hp.params.warmup, cluster_round, fedavg_round,

@@ -23,12 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
-from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round
+from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, fixed_cluster_round
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative
-from mcfl.engine import RoundClients, train_and_aggregate
 from mcfl.engine.blocks import map_blocks
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 # Clients whose subspaces are computed together (each holds its padded rows [n_max, d]).
@@ -92,14 +90,7 @@ def pacfl(context: AlgorithmContext) -> FederatedAlgorithm:
         return ClusterState.create(models, labels, active)
 
     def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
-        cluster = state.assignment[clients]
-        weights = data.train_counts[clients]
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, train_key, state.models, RoundClients(clients, cluster),
-            weights, cluster, num_clusters)
-        return finish_round(state, clients, cluster, sums, weight_sums, stats, weights,
-                            data.train_counts[clients], num_clusters)
+        return fixed_cluster_round(state, data, key, hp, context.clients_per_round,
+                                   num_clusters)
 
     return clustered_algorithm("pacfl", init, round_)
