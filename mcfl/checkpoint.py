@@ -198,19 +198,21 @@ _ORBAX_LOGGERS = ("absl", "orbax", "asyncio")
 @contextlib.contextmanager
 def _quiet_orbax():
     """orbax logs a failed write at length (absl repeats it, asyncio again when its tasks are
-    collected) and tensorstore's callbacks print "Event loop is closed" tracebacks for writes
-    still in flight: the one-line `WriteError` says it instead. After a failure the quiet is
-    kept (those reports come later); after a success everything is as it was."""
+    collected) and tensorstore's callbacks, for writes still in flight, raise "Event loop is
+    closed" into `sys.unraisablehook` (from their own threads, at any later moment): the
+    one-line `WriteError` says it instead. After a failure the quiet is kept (those reports
+    come later); after a success everything is as it was."""
     loggers = [logging.getLogger(name) for name in _ORBAX_LOGGERS]
     levels = [logger.level for logger in loggers]
-    hook = sys.excepthook
+    hook, unraisable = sys.excepthook, sys.unraisablehook
     for logger in loggers:
         logger.setLevel(logging.CRITICAL + 1)
     sys.excepthook = _without_closed_loops(hook)
+    sys.unraisablehook = _unraisable_without_closed_loops(unraisable)
     yield  # (an exception leaves the quiet on)
     for logger, level in zip(loggers, levels):
         logger.setLevel(level)
-    sys.excepthook = hook
+    sys.excepthook, sys.unraisablehook = hook, unraisable
 
 
 @contextlib.contextmanager
@@ -240,10 +242,22 @@ def _let_writes_in_flight_fail() -> None:
 
 def _without_closed_loops(hook):
     def excepthook(kind, value, traceback):
-        if not (kind is RuntimeError and str(value) == "Event loop is closed"):
+        if not _closed_loop(kind, value):
             hook(kind, value, traceback)
 
     return excepthook
+
+
+def _closed_loop(kind, value) -> bool:
+    return kind is RuntimeError and str(value) == "Event loop is closed"
+
+
+def _unraisable_without_closed_loops(hook):
+    def unraisablehook(report):
+        if not _closed_loop(report.exc_type, report.exc_value):
+            hook(report)
+
+    return unraisablehook
 
 
 def _check_writable(folder: Path) -> None:
