@@ -58,7 +58,8 @@ def _trained_models(algorithm: FederatedAlgorithm, training: LocalTraining, stat
                     train_key, clients, features=None):
     """`clients` trained once from the models `algorithm` evaluates them with (per-client
     keys: a chunk of them trains as it does among all)."""
-    models, index = algorithm.client_models(state)
+    models, index = (algorithm.client_models if algorithm.trainable_models is None
+                     else algorithm.trainable_models)(state)
     if algorithm.view is not None:
         data = algorithm.view(state, data)
     if index is None:

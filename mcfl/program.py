@@ -49,7 +49,9 @@ MEMBER_AXIS = "members"
 
 def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int, state, data):
     """Per-client test counts of the models `algorithm` assigns to each client (on the data as
-    the clients hold it now), and the clients' test row counts."""
+    the clients hold it now), and the clients' test row counts. `apply_fn` is the model's;
+    an algorithm whose client models are something else (FedEM's mixtures) brings its own."""
+    apply_fn = algorithm.evaluation_apply or apply_fn
     if algorithm.client_rows is not None:  # as a host or disk store evaluates them
         return evaluate_device_rows(algorithm, apply_fn, block_size, state, data), \
             data.test_counts
@@ -269,6 +271,10 @@ class RoundProgram:
 
     def close(self) -> None:
         """The run is over: nothing in flight remains."""
+
+    def algorithm_state(self, state):
+        """The algorithm's state (`FederatedAlgorithm`) from the program's."""
+        return state
 
 
 def signature(args) -> tuple:

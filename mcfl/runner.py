@@ -388,7 +388,7 @@ def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state,
     with engine.planned_block_size(program.plan.train_block):
         found, _ = embedding_for_run(
             program.algorithm, hp.training, config.embed_clients, program.plan.params_count,
-            store_kind, getattr(program, "folder", None), state, data,
+            store_kind, getattr(program, "folder", None), program.algorithm_state(state), data,
             jax.random.fold_in(rounds_key, config.rounds + 1))
     found = jax.device_get(found)
     clients = np.asarray(found.clients)

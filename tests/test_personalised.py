@@ -233,3 +233,68 @@ def test_pfedme_personal_and_local_models_as_a_per_client_loop(ragged):
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
                                         theta[c], atol=2e-5)
+
+
+def _posteriors(per_row, components, x, y, log_pi):
+    """[K, n] q_im ∝ pi_m exp(-loss_m(x_i, y_i)), in numpy."""
+    logits = np.stack([log_pi[m] - np.asarray(per_row(p, x, y))
+                       for m, p in enumerate(components)])
+    q = np.exp(logits - logits.max(0))
+    return q / q.sum(0)
+
+
+def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
+    """FedEM (Marfoq et al. 2021, Alg. 2), two rounds of 3 of 6 ragged clients, K = 2 MCLR
+    components, written out: the E-step posteriors q_im ∝ pi_m exp(-loss_m(x_i, y_i)) from the
+    round's components, pi <- their mean over the client's rows, each component's SGD on the
+    q-weighted loss of each batch; components averaged by n_t; evaluated with the mixture
+    log sum_m pi_m softmax(f_m(x)); the hard cluster is argmax pi."""
+    from mcfl.algorithms.fedem import mixture_apply
+
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=2)
+    algorithm = build("fedem", model, training, 3, 3, clusters=2)
+    state = algorithm.init(data, jax.random.key(5))
+    theta = [jax.tree.map(lambda x, m=m: x[m], state.shared.components) for m in range(2)]
+    pi = np.full((6, 2), 0.5)
+    per_row = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(p, x), y))
+    weighted_grad = jax.jit(jax.grad(lambda p, q, x, y: jax.numpy.sum(q * per_row(p, x, y))
+                                     / y.shape[0]))
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(70 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        trained = []
+        for c in clients:
+            lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
+            rows = np.asarray(data.train_order)[lo:lo + n]
+            x, y = data.x_train[rows], data.y_train[rows]
+
+            log_pi = np.log(pi[c])
+            new_pi = _posteriors(per_row, theta, x, y, log_pi).mean(1)
+            local = list(theta)
+            for xb, yb in reference_batches(training, data, train_key, int(c)):
+                q = _posteriors(per_row, theta, xb, yb, log_pi)
+                for m in range(2):
+                    local[m] = _sub(local[m], weighted_grad(local[m], q[m], xb, yb), 0.1)
+            trained.append(local)
+            pi[c] = new_pi
+        share = np.asarray(data.train_counts)[clients] / np.sum(
+            np.asarray(data.train_counts)[clients])
+        theta = [jax.tree.map(lambda *x, s=share: sum(p * u for p, u in zip(s, x)),
+                              *[t[m] for t in trained]) for m in range(2)]
+        for m in range(2):
+            chex.assert_trees_all_close(
+                jax.tree.map(lambda x, m=m: x[m], state.shared.components), theta[m], atol=2e-5)
+        np.testing.assert_allclose(state.rows, pi, atol=2e-5)
+    np.testing.assert_array_equal(algorithm.algorithm.assignments(state),
+                                  np.where(pi[:, 1] > pi[:, 0], 1, 0))
+    models, index = algorithm.algorithm.client_models(state)
+    x = data.x_test[:7]
+    got = mixture_apply(model.apply)(jax.tree.map(lambda v: v[index[4]], models), x)
+    probs = sum(pi[4, m] * jax.nn.softmax(model.apply(theta[m], x)) for m in range(2))
+    np.testing.assert_allclose(jax.nn.softmax(got), probs, atol=1e-5)

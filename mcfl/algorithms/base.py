@@ -57,6 +57,12 @@ class FederatedAlgorithm(NamedTuple):
     # An initialisation that trains every client once and clusters their models, in parts a
     # client store can stream (`PopulationStart`); None: `init` only.
     population_start: Any = None
+    # The apply that evaluates a client model when it is not the model's own (FedEM's
+    # mixture of components); None: the model's apply.
+    evaluation_apply: Optional[Callable] = None
+    # With `evaluation_apply`: ``(models [M, ...], index [C])`` of the model's own parameters a
+    # client trains from in the closing embedding (FedEM: its dominant component).
+    trainable_models: Optional[Callable[[State], tuple[Any, jax.Array]]] = None
 
 
 class PopulationStart(NamedTuple):
@@ -94,7 +100,12 @@ def wrapping(algorithm: FederatedAlgorithm, init, round_, client_models=None,
         client_models = lambda state: algorithm.client_models(state[0])  # noqa: E731
     if view is None and algorithm.view is not None:
         view = lambda state, data: algorithm.view(state[0], data)  # noqa: E731
-    return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view)
+    trainable = None
+    if algorithm.trainable_models is not None:
+        trainable = lambda state: algorithm.trainable_models(state[0])  # noqa: E731
+    return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view,
+                              evaluation_apply=algorithm.evaluation_apply,
+                              trainable_models=trainable)
 
 
 def stack(params, count: int = 1):

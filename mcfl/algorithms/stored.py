@@ -97,8 +97,13 @@ def stored_round(client_rows: ClientRows, dtype_name: str, shared, stored, clien
 
 
 def with_client_rows(name: str, client_rows: ClientRows, dtype_name: str = "float32",
-                     assignments=None) -> FederatedAlgorithm:
-    """The algorithm with its rows [C, ...] in its state on the device (the `device` store)."""
+                     assignments=None, evaluation_apply=None,
+                     trainable_models=None) -> FederatedAlgorithm:
+    """The algorithm with its rows [C, ...] in its state on the device (the `device` store);
+    `assignments(shared)`: each client's cluster, for a clustered algorithm; `evaluation_apply`:
+    the apply of `ClientRows.models`' models when it is not the model's own, and then
+    `trainable_models(shared)`: the model parameters each client trains from
+    (`FederatedAlgorithm.trainable_models`)."""
 
     def init(data, key, hp):
         shared = client_rows.init_shared(data, key, hp)
@@ -125,8 +130,12 @@ def with_client_rows(name: str, client_rows: ClientRows, dtype_name: str = "floa
     wrapped_assignments = None
     if assignments is not None:
         wrapped_assignments = lambda state: assignments(state.shared)  # noqa: E731
+    trainable = None
+    if trainable_models is not None:
+        trainable = lambda state: trainable_models(state.shared)  # noqa: E731
     return FederatedAlgorithm(name, init, round_, client_models, wrapped_assignments,
-                              client_rows=client_rows, store_dtype=dtype_name)
+                              client_rows=client_rows, store_dtype=dtype_name,
+                              evaluation_apply=evaluation_apply, trainable_models=trainable)
 
 
 def with_fresh(client_rows: ClientRows, dtype_name: str, initial, stored, written, clients):

@@ -240,6 +240,7 @@ _BASELINE_ALGORITHMS = (
     ("FeSEM", {"algorithm": "fesem"}), ("CFL", {"algorithm": "cfl"}),
     ("Robust", {"algorithm": "robust"}), ("FL+HC", {"algorithm": "flhc"}),
     ("PACFL", {"algorithm": "pacfl"}), ("FlexCFL", {"algorithm": "flexcfl"}),
+    ("FedEM", {"algorithm": "fedem"}),
 )
 _BASELINE_PARTS = {"rotated": ({"partition": "rotated:4"}, None),
                    "permuted": ({"partition": "permuted:4"}, None),
@@ -251,15 +252,15 @@ _BASELINE_CELLS = tuple(Cell(f"{part} {label}", {**part_changes, **changes}, (No
                         for label, changes in _BASELINE_ALGORITHMS)
 # What the papers claim over FedAvg on heterogeneous clients (each in its own experiments):
 # IFCA (Ghosh et al.), FL+HC (Briggs et al.), PACFL (Vahidian et al.), Ditto (Li et al.),
-# APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg) and
-# SCAFFOLD (Karimireddy et al.), checked on the planted parts.
+# APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg),
+# SCAFFOLD (Karimireddy et al.) and FedEM (Marfoq et al.), checked on the planted parts.
 _BASELINE_ORDERINGS = tuple(
     (f"{part} {better}", f"{part} {worse}")
     for part in ("rotated", "permuted", "label_swap")
     for better, worse in (("IFCA", "FedAvg"), ("FL+HC", "FedAvg"), ("PACFL", "FedAvg"),
                           ("Ditto", "FedAvg"), ("APFL", "FedAvg"), ("pFedMe", "FedAvg"),
                           ("FedRep", "FedAvg"), ("FedRep", "LG-FedAvg"),
-                          ("SCAFFOLD", "FedAvg")))
+                          ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg")))
 _BASELINE_CLAIM = ("each paper reports its method above FedAvg on heterogeneous clients "
                    "(FedRep also above LG-FedAvg); none reports these settings, so no values "
                    "are shown")

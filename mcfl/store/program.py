@@ -98,8 +98,10 @@ class StoredProgram(RoundProgram):
             return (shared, self.layout.pack_device(rows),
                     jax.tree.map(lambda m: m[None], metrics))
 
+        evaluation_apply = algorithm.evaluation_apply or plan.model.apply
+
         def evaluate_chunk(shared, packed, written, clients, data, initial):
-            return evaluate_rows(client_rows, dtype, plan.model.apply, plan.eval_block, shared,
+            return evaluate_rows(client_rows, dtype, evaluation_apply, plan.eval_block, shared,
                                  initial, self.layout.unpack_device(packed), written, clients,
                                  data)
 
@@ -118,6 +120,10 @@ class StoredProgram(RoundProgram):
     @staticmethod
     def wrapped_state(shared):
         return StoredState(shared, None)
+
+    def algorithm_state(self, state):
+        """A store keeps the shared part of the state (the rows are in the store)."""
+        return self.wrapped_state(state) if self.rows_kept else state
 
     # ---- the member axis: the store always has one, a single run's arrays get it here
     def _with_members(self, x):

@@ -1,0 +1,184 @@
+"""FedEM (Marfoq, Neglia, Bellet, Kameni and Vidal, NeurIPS 2021, "Federated Multi-Task
+Learning under a Mixture of Distributions"), Algorithm 2 with full-batch E-steps.
+
+Every client's data is modelled as a mixture of K shared components: client t draws a sample
+from component m with probability pi_tm, and predicts with the mixture of the components'
+predictions,  p_t(y | x) = sum_m pi_tm p_m(y | x; theta_m).  A round, for each sampled client
+(EM on the client's own rows, from the round's components theta^t):
+
+    E-step    q_t(z_i = m)  ∝  pi_tm exp(-l(theta_m^t; x_i, y_i))      (each training row i)
+    M-step    pi_tm <- (1 / n_t) sum_i q_t(z_i = m)
+              theta_m <- E local epochs of the optimizer on
+                         (1 / n_t) sum_i q_t(z_i = m) l(theta_m; x_i, y_i)
+
+and the server averages each component over the sampled clients, weighted by n_t. The K
+components start from K independent random initialisations and every client's pi_t from
+1 / K, as in the paper; a client's pi_t is its row of the run's client store
+(`mcfl.algorithms.stored`), K numbers. Each client is evaluated with its own mixture (its
+personalised model); its hard cluster, reported for the ARI, is the component of largest
+pi_tm, as of its last round (the closing embedding trains each client from that component).
+
+The local solver trains all K components on the same batches, each on its weighted loss (the
+gradient separates by component, so this is K local solvers side by side), and recomputes a
+batch's weights q from the round's starting components: K forward passes more a step.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mcfl.algorithms.apfl import refuse_stateful
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.data.federated import FederatedData
+from mcfl.engine import (
+    CLIENT_ROWS_CHUNK,
+    ApplyFn,
+    PyTree,
+    RoundClients,
+    block_size_for,
+    by_length,
+    ceil_div,
+    chunk_rows,
+    map_clients,
+    train_and_collect,
+)
+from mcfl.sampling import round_clients
+
+
+class FedEMShared(NamedTuple):
+    """What FedEM's clients share: the K components [K, ...], and each client's hard cluster
+    [C] (argmax of its pi as of its last round; the pis themselves are client rows)."""
+
+    components: PyTree
+    cluster_of: jax.Array
+
+
+def row_losses(apply_fn: ApplyFn, components: PyTree, x, y) -> jax.Array:
+    """[K, B] cross-entropy of each of the K components on each row."""
+    return jax.vmap(lambda params: optax.softmax_cross_entropy_with_integer_labels(
+        apply_fn(params, x), y))(components)
+
+
+def mixture_apply(apply_fn: ApplyFn) -> ApplyFn:
+    """The apply of a client's mixture ``{"components": [K, ...], "log_pi": [K]}``: the log of
+    sum_m pi_m softmax(f_m(x)), a valid logit vector (its softmax is the mixture's
+    probabilities, its cross-entropy the mixture's negative log-likelihood)."""
+    def apply(params, x):
+        log_probs = jax.vmap(lambda c: jax.nn.log_softmax(apply_fn(c, x), -1))(
+            params["components"])
+        return jax.nn.logsumexp(params["log_pi"][:, None, None] + log_probs, axis=0)
+
+    return apply
+
+
+def responsibilities(losses: jax.Array, log_pi: jax.Array) -> jax.Array:
+    """[K, B] E-step posteriors q(z_i = m) ∝ pi_m exp(-loss_mi), from [K, B] losses."""
+    return jax.nn.softmax(log_pi[:, None] - losses, axis=0)
+
+
+def responsibility_sums(apply_fn: ApplyFn, data: FederatedData, components: PyTree,
+                        log_pi: jax.Array, clients: jax.Array, chunk: int = CLIENT_ROWS_CHUNK,
+                        block_size: Optional[int] = None) -> jax.Array:
+    """[S, K] sum over each client's training rows of its E-step posteriors, with its own
+    `log_pi` [S, K], in chunks of `chunk` rows (memory does not grow with the client)."""
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
+        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+
+        def body(i, total):
+            positions, mask = chunk_rows(i, chunk, offset, count)
+            rows = data.train_order[positions]
+            losses = row_losses(apply_fn, components, data.x_train[rows], data.y_train[rows])
+            return total + jnp.sum(responsibilities(losses, inp["log_pi"]) * mask, axis=1)
+
+        return jax.lax.fori_loop(0, loop_length, body, jnp.zeros_like(inp["log_pi"]))
+
+    inputs = {"client": clients, "log_pi": log_pi,
+              "chunks": ceil_div(data.train_counts[clients], chunk)}
+    block_size = block_size_for(components, clients.shape[0], block_size)
+    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+
+
+def log_weights(pi: jax.Array) -> jax.Array:
+    # Floored: a weight EM drove to 0 gives its component a posterior of ~e^-69, not log 0's
+    # -inf (which the optimizer's weight decay would turn into NaN).
+    return jnp.log(jnp.maximum(pi, 1e-30))
+
+
+@register("fedem", reference="Marfoq et al., 2021, FedEM", clustered=True,
+          summary="K shared components; each sampled client weighs its rows by the E-step "
+          "posteriors (∝ pi_tm times component m's likelihood), sets pi_t to their mean and "
+          "trains every component on its weighted loss; components averaged by n_t; evaluated "
+          "with the pi_t-weighted mixture of the components' predictions")
+def fedem(context: AlgorithmContext) -> FederatedAlgorithm:
+    """FedEM with K = ``context.num_clusters`` components; a client's row is its pi_t [K]."""
+    model, clients_per_round = context.model, context.clients_per_round
+    num_components = context.num_clusters
+    refuse_stateful(model, "fedem")
+
+    def init_shared(data, key, hp):
+        del hp
+        components = jax.vmap(model.init)(jax.random.split(key, num_components))
+        return FedEMShared(components, jnp.zeros((data.num_clients,), jnp.int32))
+
+    def fresh(shared, clients):
+        del shared
+        return jnp.full(clients.shape + (num_components,), 1.0 / num_components, jnp.float32)
+
+    def sample(data, key):
+        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+
+    def round_(shared, pi, clients, data, key, hp):
+        train_key = jax.random.split(key)[1]
+        start = shared.components
+        log_pi = log_weights(pi)
+        counts = data.train_counts[clients]
+        sums = responsibility_sums(model.apply, data, start, log_pi, clients)
+        new_pi = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], pi)
+
+        def objective(p, xb, yb, mask):
+            weights = jax.lax.stop_gradient(responsibilities(
+                row_losses(model.apply, start, xb, yb), p["log_pi"]))
+            losses = row_losses(model.apply, p["components"], xb, yb)
+            rows = jnp.maximum(jnp.sum(mask), 1)
+            mixture_loss = -jax.nn.logsumexp(p["log_pi"][:, None] - losses, axis=0)
+            return (jnp.sum(weights * losses * mask) / rows,
+                    jnp.sum(jax.lax.stop_gradient(mixture_loss) * mask) / rows)
+
+        size = clients.shape[0]
+        local = {"components": stack(start, size), "log_pi": jax.lax.stop_gradient(log_pi)}
+        trained, stats = train_and_collect(
+            hp.training.replace(objective=objective, low_rank="off"), data, train_key, local,
+            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)))
+        weights = counts.astype(jnp.float32)
+        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
+        averaged = jax.tree.map(lambda c: jnp.tensordot(share, c, axes=1),
+                                trained["components"])
+        components = jax.tree.map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old),
+                                  averaged, start)
+        cluster_of = shared.cluster_of.at[clients].set(
+            jnp.argmax(new_pi, axis=1).astype(jnp.int32))
+        metrics = training_metrics(weights, stats)  # train_loss: the mixtures' loss
+        metrics["models_down"] = metrics["models_down"] * num_components
+        metrics["models_up"] = metrics["models_up"] * num_components
+        metrics["pi_max_mean"] = jnp.mean(jnp.max(new_pi, axis=1))
+        metrics["num_clusters"] = jnp.sum(jnp.zeros((num_components,), jnp.int32).at[
+            cluster_of].add(1) > 0).astype(jnp.float32)  # components some client leans to
+        return FedEMShared(components, cluster_of), new_pi, metrics
+
+    def models(shared, pi, clients):
+        del clients
+        return {"components": stack(shared.components, pi.shape[0]),
+                "log_pi": log_weights(pi)}
+
+    return with_client_rows("fedem", ClientRows(init_shared, fresh, sample, round_, models),
+                            context.store_dtype, assignments=lambda shared: shared.cluster_of,
+                            evaluation_apply=mixture_apply(model.apply),
+                            trainable_models=lambda shared: (shared.components,
+                                                             shared.cluster_of))
