@@ -37,7 +37,7 @@ import numpy as np
 from mcfl import engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl.algorithms.base import scan_rounds
-from mcfl.algorithms.stored import evaluate_device_rows
+from mcfl.algorithms.stored import evaluate_device_rows, evaluate_personalised
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.evaluation import ClientMetrics, client_metrics
@@ -55,11 +55,14 @@ def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int, 
     if algorithm.client_rows is not None:  # as a host or disk store evaluates them
         return evaluate_device_rows(algorithm, apply_fn, block_size, state, data), \
             data.test_counts
+    if algorithm.view is not None:
+        data = algorithm.view(state, data)
+    if algorithm.personalised is not None:
+        return evaluate_personalised(algorithm, apply_fn, block_size, state, data), \
+            data.test_counts
     models, index = algorithm.client_models(state)
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)
-    if algorithm.view is not None:
-        data = algorithm.view(state, data)
     return engine.evaluate_counts(apply_fn, data, models, index, block_size), data.test_counts
 
 

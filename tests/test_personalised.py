@@ -10,9 +10,10 @@ import optax
 import pytest
 from conftest import algorithm as build
 
-from mcfl.engine import LocalTraining
+from mcfl.engine import LocalTraining, evaluate_clients
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
+from mcfl.program import evaluation_counts
 from mcfl.sampling import sample_clients
 from tests.reference import reference_batches, reference_local_train
 
@@ -298,3 +299,58 @@ def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
     got = mixture_apply(model.apply)(jax.tree.map(lambda v: v[index[4]], models), x)
     probs = sum(pi[4, m] * jax.nn.softmax(model.apply(theta[m], x)) for m in range(2))
     np.testing.assert_allclose(jax.nn.softmax(got), probs, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_maml_steps_and_personalised_models_as_a_per_client_loop(ragged, variant):
+    """Per-FedAvg (Fallah et al. 2020, Alg. 1), two rounds of 3 of 6 ragged clients, written
+    out: each batch split into D, D' (, D'') by rows in turn; w~ = w - alpha grad f(w; D);
+    FO: w -= beta grad f(w~; D'); HF: w -= beta (g - alpha H_D''(w) g), g = grad f(w~; D'),
+    with H g by forward-over-reverse; the plain mean of the clients' models; each client
+    evaluated with w - alpha grad f_i(w) on all its rows."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=1)
+    algorithm = build("perfedavg", model, training, 3, 3, perfedavg_alpha=0.3,
+                      perfedavg_variant=variant)
+    state = algorithm.init(data, jax.random.key(6))
+    _, grad = _ce(model)
+    parts = 2 if variant == "fo" else 3
+
+    def mean_grad(w, x, y):  # grad of the mean over no rows is 0
+        return grad(w, x, y) if len(y) else jax.tree.map(np.zeros_like, w)
+
+    w = state.params
+    step = jax.jit(algorithm.round)
+    for r in range(2):
+        key = jax.random.key(80 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        trained = []
+        for c in clients:
+            wc = w
+            for xb, yb in reference_batches(training, data, train_key, int(c)):
+                sets = [(xb[j::parts], yb[j::parts]) for j in range(parts)]
+                adapted = _sub(wc, mean_grad(wc, *sets[0]), 0.3)
+                g = mean_grad(adapted, *sets[1])
+                if variant == "hf" and len(sets[2][1]):
+                    _, hg = jax.jvp(lambda p, d=sets[2]: grad(p, *d), (wc,), (g,))
+                    g = _sub(g, hg, 0.3)
+                wc = _sub(wc, g, 0.1)
+            trained.append(wc)
+        w = jax.tree.map(lambda *x: sum(x) / len(x), *trained)
+        chex.assert_trees_all_close(state.params, w, atol=2e-5)
+    chosen = jax.numpy.asarray([1, 4], jax.numpy.int32)
+    personal = algorithm.algorithm.personalised(state, chosen, data)
+    for i, c in enumerate([1, 4]):
+        lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
+        rows = np.asarray(data.train_order)[lo:lo + n]
+        want = _sub(w, grad(w, data.x_train[rows], data.y_train[rows]), 0.3)
+        chex.assert_trees_all_close(jax.tree.map(lambda x, i=i: x[i], personal), want,
+                                    atol=2e-5)
+    # a run's evaluation is with these models
+    everyone = jax.numpy.arange(6, dtype=jax.numpy.int32)
+    counts, _ = evaluation_counts(algorithm.algorithm, model.apply, 3, state, data)
+    chex.assert_trees_all_close(counts, evaluate_clients(
+        model.apply, data, algorithm.algorithm.personalised(state, everyone, data), everyone, 3))

@@ -19,6 +19,7 @@ from mcfl.algorithms import local as _local  # noqa: F401
 from mcfl.algorithms import partial as _partial  # noqa: F401
 from mcfl.algorithms import ditto as _ditto  # noqa: F401
 from mcfl.algorithms import apfl as _apfl  # noqa: F401
+from mcfl.algorithms import perfedavg as _perfedavg  # noqa: F401
 from mcfl.algorithms import pfedme as _pfedme  # noqa: F401
 from mcfl.algorithms import fedrep as _fedrep  # noqa: F401
 from mcfl.algorithms import feddist as _feddist  # noqa: F401

@@ -63,6 +63,10 @@ class FederatedAlgorithm(NamedTuple):
     # With `evaluation_apply`: ``(models [M, ...], index [C])`` of the model's own parameters a
     # client trains from in the closing embedding (FedEM: its dominant component).
     trainable_models: Optional[Callable[[State], tuple[Any, jax.Array]]] = None
+    # ``personalised(state, clients [b], data) -> models [b]``: the models the clients are
+    # evaluated with when they are made from their data (Per-FedAvg's one step); None:
+    # `client_models`.
+    personalised: Optional[Callable] = None
 
 
 class PopulationStart(NamedTuple):
@@ -103,9 +107,13 @@ def wrapping(algorithm: FederatedAlgorithm, init, round_, client_models=None,
     trainable = None
     if algorithm.trainable_models is not None:
         trainable = lambda state: algorithm.trainable_models(state[0])  # noqa: E731
+    personalised = None
+    if algorithm.personalised is not None:
+        personalised = lambda state, clients, data: algorithm.personalised(  # noqa: E731
+            state[0], clients, data)
     return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view,
                               evaluation_apply=algorithm.evaluation_apply,
-                              trainable_models=trainable)
+                              trainable_models=trainable, personalised=personalised)
 
 
 def stack(params, count: int = 1):

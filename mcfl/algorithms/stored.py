@@ -172,17 +172,39 @@ def evaluate_device_rows(algorithm: FederatedAlgorithm, apply_fn, block_size: in
     """Every client's evaluation counts from rows held on the device ([C, ...] in `state`),
     chunk by chunk as a host or disk store evaluates them (`evaluation_chunk`)."""
     client_rows, dtype_name = algorithm.client_rows, algorithm.store_dtype
-    num_clients = data.num_clients
     row_floats = sum(x[0].size for x in jax.tree.leaves(state.rows))
-    chunk = evaluation_chunk(num_clients, row_floats)
-    num_chunks = -(-num_clients // chunk)
-    starts = jnp.arange(num_chunks, dtype=jnp.int32) * chunk
 
-    def one_chunk(lo):
-        clients = jnp.minimum(lo + jnp.arange(chunk, dtype=jnp.int32), num_clients - 1)
+    def chunk_counts(clients):
         stored = jax.tree.map(lambda r: r[clients], state.rows)
         return evaluate_rows(client_rows, dtype_name, apply_fn, block_size, state.shared,
-                             state.shared, stored, jnp.ones((chunk,), bool), clients, data)
+                             state.shared, stored, jnp.ones(clients.shape, bool), clients, data)
+
+    return counts_in_chunks(chunk_counts, data.num_clients, row_floats)
+
+
+def counts_in_chunks(chunk_counts: Callable, num_clients: int, row_floats: int):
+    """[C] evaluation counts of every client, from ``chunk_counts(clients [chunk])`` over
+    chunks of `evaluation_chunk` clients (the last padded with the last client)."""
+    chunk = evaluation_chunk(num_clients, row_floats)
+    starts = jnp.arange(-(-num_clients // chunk), dtype=jnp.int32) * chunk
+
+    def one_chunk(lo):
+        return chunk_counts(jnp.minimum(lo + jnp.arange(chunk, dtype=jnp.int32),
+                                        num_clients - 1))
 
     counts = jax.lax.map(one_chunk, starts)  # [num_chunks, chunk, ...]
     return jax.tree.map(lambda c: c.reshape((-1,) + c.shape[2:])[:num_clients], counts)
+
+
+def evaluate_personalised(algorithm: FederatedAlgorithm, apply_fn, block_size: int, state,
+                          data):
+    """Every client's evaluation counts with the model `algorithm.personalised` makes for it
+    from the state and its data (Per-FedAvg's one step), chunk by chunk."""
+    models, _ = algorithm.client_models(state)
+    row_floats = sum(x[0].size for x in jax.tree.leaves(models))
+
+    def chunk_counts(clients):
+        return evaluate_clients(apply_fn, data, algorithm.personalised(state, clients, data),
+                                clients, block_size)
+
+    return counts_in_chunks(chunk_counts, data.num_clients, row_floats)

@@ -236,6 +236,7 @@ _BASELINE_ALGORITHMS = (
     ("Local", {"algorithm": "local"}), ("FedPer", {"algorithm": "fedper"}),
     ("LG-FedAvg", {"algorithm": "lg_fedavg"}), ("FedRep", {"algorithm": "fedrep"}),
     ("Ditto", {"algorithm": "ditto"}), ("APFL", {"algorithm": "apfl"}),
+    ("Per-FedAvg", {"algorithm": "perfedavg"}),
     ("pFedMe", {"algorithm": "pfedme"}), ("IFCA", {"algorithm": "ifca"}),
     ("FeSEM", {"algorithm": "fesem"}), ("CFL", {"algorithm": "cfl"}),
     ("Robust", {"algorithm": "robust"}), ("FL+HC", {"algorithm": "flhc"}),
@@ -253,14 +254,16 @@ _BASELINE_CELLS = tuple(Cell(f"{part} {label}", {**part_changes, **changes}, (No
 # What the papers claim over FedAvg on heterogeneous clients (each in its own experiments):
 # IFCA (Ghosh et al.), FL+HC (Briggs et al.), PACFL (Vahidian et al.), Ditto (Li et al.),
 # APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg),
-# SCAFFOLD (Karimireddy et al.) and FedEM (Marfoq et al.), checked on the planted parts.
+# SCAFFOLD (Karimireddy et al.), FedEM (Marfoq et al.) and Per-FedAvg (Fallah et al.),
+# checked on the planted parts.
 _BASELINE_ORDERINGS = tuple(
     (f"{part} {better}", f"{part} {worse}")
     for part in ("rotated", "permuted", "label_swap")
     for better, worse in (("IFCA", "FedAvg"), ("FL+HC", "FedAvg"), ("PACFL", "FedAvg"),
                           ("Ditto", "FedAvg"), ("APFL", "FedAvg"), ("pFedMe", "FedAvg"),
                           ("FedRep", "FedAvg"), ("FedRep", "LG-FedAvg"),
-                          ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg")))
+                          ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg"),
+                          ("Per-FedAvg", "FedAvg")))
 _BASELINE_CLAIM = ("each paper reports its method above FedAvg on heterogeneous clients "
                    "(FedRep also above LG-FedAvg); none reports these settings, so no values "
                    "are shown")
