@@ -354,3 +354,62 @@ def test_perfedavg_maml_steps_and_personalised_models_as_a_per_client_loop(ragge
     counts, _ = evaluation_counts(algorithm.algorithm, model.apply, 3, state, data)
     chex.assert_trees_all_close(counts, evaluate_clients(
         model.apply, data, algorithm.algorithm.personalised(state, everyone, data), everyone, 3))
+
+
+def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client_loop(ragged):
+    """FedSoft (Ruan and Joe-Wong 2022, Alg. 1), three rounds of 3 of 6 ragged clients, K = 2
+    MCLR centers, weights estimated every 2 rounds (before rounds 1 and 3), written out: u_ks =
+    max(n_ks / n_k, sigma) renormalised, n_ks the rows center s fits best; a sampled client
+    trains its local model (c_bar_k = sum_s u_ks c_s the first time) with the pull
+    (lambda/2) ||w - c_bar_k||^2, whose gradient is that of (lambda/2) sum_s u_ks ||w - c_s||^2;
+    center s: the u_ks n_k-weighted mean of the round's local models; a client is evaluated
+    with its local model, or c_bar_k before it trains."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=1)
+    algorithm = build("fedsoft", model, training, 3, 3, clusters=2, fedsoft_lambda=0.5,
+                      fedsoft_interval=2, fedsoft_smoother=0.05)
+    state = algorithm.init(data, jax.random.key(7))
+    centers = [jax.tree.map(lambda x, s=s: x[s], state.shared.centers) for s in range(2)]
+    per_row = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
+        model.apply(p, x), y))
+    counts = np.asarray(data.train_counts)
+    u = np.full((6, 2), 0.5)
+    local = [None] * 6
+
+    def mix(weights):
+        return jax.tree.map(lambda a, b: weights[0] * a + weights[1] * b, *centers)
+
+    step = jax.jit(algorithm.round)
+    for r in range(3):
+        if r % 2 == 0:
+            for c in range(6):
+                lo, n = int(data.train_offsets[c]), int(counts[c])
+                rows = np.asarray(data.train_order)[lo:lo + n]
+                losses = np.stack([per_row(p, data.x_train[rows], data.y_train[rows])
+                                   for p in centers])
+                share = np.bincount(np.argmin(losses, 0), minlength=2) / n
+                u[c] = np.maximum(share, 0.05) / np.maximum(share, 0.05).sum()
+        key = jax.random.key(90 + r)
+        state, _ = step(state, data, key)
+        sample_key, train_key = jax.random.split(key)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        for c in clients:
+            anchor = mix(u[c])
+            start = anchor if local[c] is None else local[c]
+            local[c], _ = reference_local_train(training.replace(mu=0.5), data, train_key,
+                                                start, int(c), anchor=anchor)
+        weights = u[clients] * counts[clients][:, None]
+        shares = weights / weights.sum(0)
+        centers = [jax.tree.map(lambda *x, a=shares[:, s]: sum(w * v for w, v in zip(a, x)),
+                                *[local[c] for c in clients]) for s in range(2)]
+        for s in range(2):
+            chex.assert_trees_all_close(jax.tree.map(lambda x, s=s: x[s], state.shared.centers),
+                                        centers[s], atol=2e-5)
+        np.testing.assert_allclose(state.shared.weights, u, atol=1e-6)
+    models, index = algorithm.algorithm.client_models(state)
+    for c in range(6):
+        want = mix(u[c]) if local[c] is None else local[c]
+        chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[index[c]], models), want,
+                                    atol=2e-5)
+    np.testing.assert_array_equal(algorithm.algorithm.assignments(state), np.argmax(u, 1))
