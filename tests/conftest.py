@@ -167,6 +167,10 @@ class Bound:
 
         self.init, self.round = init, round
 
+    def __getattr__(self, name):
+        """The algorithm's other fields (evaluation_apply, personalised, ...) as they are."""
+        return getattr(self.algorithm, name)
+
 
 def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
     """`bound` with its algorithm wrapped (`mcfl.algorithms.shift.with_shift`,
