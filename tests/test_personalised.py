@@ -236,29 +236,35 @@ def test_pfedme_personal_and_local_models_as_a_per_client_loop(ragged):
                                         theta[c], atol=2e-5)
 
 
-def _posteriors(per_row, components, x, y, log_pi):
-    """[K, n] q_im ∝ pi_m exp(-loss_m(x_i, y_i)), in numpy."""
+def _posteriors(per_row, components, x, y, log_pi, prior=None):
+    """[K, n] q_im ∝ pi_m exp(-loss_m(x_i, y_i)) (/ prior[m, y_i], FedRC), in numpy."""
     logits = np.stack([log_pi[m] - np.asarray(per_row(p, x, y))
                        for m, p in enumerate(components)])
+    if prior is not None:
+        logits = logits - np.log(prior[:, np.asarray(y)])
     q = np.exp(logits - logits.max(0))
     return q / q.sum(0)
 
 
-def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
+@pytest.mark.parametrize("name", ["fedem", "fedrc"])
+def test_fedem_and_fedrc_em_steps_and_mixtures_as_a_per_client_loop(ragged, name):
     """FedEM (Marfoq et al. 2021, Alg. 2), two rounds of 3 of 6 ragged clients, K = 2 MCLR
     components, written out: the E-step posteriors q_im ∝ pi_m exp(-loss_m(x_i, y_i)) from the
     round's components, pi <- their mean over the client's rows, each component's SGD on the
     q-weighted loss of each batch; components averaged by n_t; evaluated with the mixture
-    log sum_m pi_m softmax(f_m(x)); the hard cluster is argmax pi."""
+    log sum_m pi_m softmax(f_m(x)); the hard cluster is argmax pi. FedRC (Guo et al. 2024)
+    divides q_im by P_m(y_i): every client's soft label counts sum_i q_im [y_i = y] (1/3 each
+    before it trains), summed, floored at 1e-8, normalised over the labels."""
     from mcfl.algorithms.fedem import mixture_apply
 
     data = ragged.arrays
     model = make_model("mclr", (5,), 3)
     training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=2)
-    algorithm = build("fedem", model, training, 3, 3, clusters=2)
+    algorithm = build(name, model, training, 3, 3, clusters=2)
     state = algorithm.init(data, jax.random.key(5))
     theta = [jax.tree.map(lambda x, m=m: x[m], state.shared.components) for m in range(2)]
     pi = np.full((6, 2), 0.5)
+    labels = np.full((6, 2, 3), 1 / 3)  # FedRC's soft label counts
     per_row = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
         model.apply(p, x), y))
     weighted_grad = jax.jit(jax.grad(lambda p, q, x, y: jax.numpy.sum(q * per_row(p, x, y))
@@ -269,6 +275,8 @@ def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
         state, _ = step(state, data, key)
         sample_key, train_key = jax.random.split(key)
         clients = np.asarray(sample_clients(sample_key, 6, 3))
+        totals = np.maximum(labels.sum(0), 1e-8)
+        prior = totals / totals.sum(1, keepdims=True) if name == "fedrc" else None
         trained = []
         for c in clients:
             lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
@@ -276,10 +284,12 @@ def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
             x, y = data.x_train[rows], data.y_train[rows]
 
             log_pi = np.log(pi[c])
-            new_pi = _posteriors(per_row, theta, x, y, log_pi).mean(1)
+            q_all = _posteriors(per_row, theta, x, y, log_pi, prior)
+            new_pi = q_all.mean(1)
+            labels[c] = q_all @ np.eye(3)[np.asarray(y)]
             local = list(theta)
             for xb, yb in reference_batches(training, data, train_key, int(c)):
-                q = _posteriors(per_row, theta, xb, yb, log_pi)
+                q = _posteriors(per_row, theta, xb, yb, log_pi, prior)
                 for m in range(2):
                     local[m] = _sub(local[m], weighted_grad(local[m], q[m], xb, yb), 0.1)
             trained.append(local)
@@ -291,7 +301,12 @@ def test_fedem_em_steps_and_mixtures_as_a_per_client_loop(ragged):
         for m in range(2):
             chex.assert_trees_all_close(
                 jax.tree.map(lambda x, m=m: x[m], state.shared.components), theta[m], atol=2e-5)
-        np.testing.assert_allclose(state.rows, pi, atol=2e-5)
+        if name == "fedrc":
+            np.testing.assert_allclose(state.rows[0], pi, atol=2e-5)
+            np.testing.assert_allclose(state.rows[1], labels, atol=1e-4)
+            np.testing.assert_allclose(state.shared.label_totals, labels.sum(0), rtol=1e-5)
+        else:
+            np.testing.assert_allclose(state.rows, pi, atol=2e-5)
     np.testing.assert_array_equal(algorithm.algorithm.assignments(state),
                                   np.where(pi[:, 1] > pi[:, 0], 1, 0))
     models, index = algorithm.algorithm.client_models(state)

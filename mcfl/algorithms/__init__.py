@@ -31,6 +31,7 @@ from mcfl.algorithms import fesem_ma as _fesem_ma  # noqa: F401
 from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import fedem as _fedem  # noqa: F401
 from mcfl.algorithms import fedsoft as _fedsoft  # noqa: F401
+from mcfl.algorithms import fedrc as _fedrc  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
 from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import flhc as _flhc  # noqa: F401

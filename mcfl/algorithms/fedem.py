@@ -34,7 +34,7 @@ import optax
 from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, at_storage_precision, with_client_rows
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -53,10 +53,12 @@ from mcfl.sampling import round_clients
 
 class FedEMShared(NamedTuple):
     """What FedEM's clients share: the K components [K, ...], and each client's hard cluster
-    [C] (argmax of its pi as of its last round; the pis themselves are client rows)."""
+    [C] (argmax of its pi as of its last round; the pis themselves are client rows); FedRC
+    also the clients' summed soft label counts [K, classes] (None for FedEM)."""
 
     components: PyTree
     cluster_of: jax.Array
+    label_totals: Optional[jax.Array] = None
 
 
 def row_losses(apply_fn: ApplyFn, components: PyTree, x, y) -> jax.Array:
@@ -77,16 +79,25 @@ def mixture_apply(apply_fn: ApplyFn) -> ApplyFn:
     return apply
 
 
-def responsibilities(losses: jax.Array, log_pi: jax.Array) -> jax.Array:
-    """[K, B] E-step posteriors q(z_i = m) ∝ pi_m exp(-loss_mi), from [K, B] losses."""
-    return jax.nn.softmax(log_pi[:, None] - losses, axis=0)
+def responsibilities(losses: jax.Array, log_pi: jax.Array, y: jax.Array,
+                     log_prior: Optional[jax.Array] = None) -> jax.Array:
+    """[K, B] E-step posteriors q(z_i = m) ∝ pi_m exp(-loss_mi), from [K, B] losses of rows
+    with labels `y` [B]; with FedRC's `log_prior` [K, classes], divided by P_m(y_i)."""
+    logits = log_pi[:, None] - losses
+    if log_prior is not None:
+        logits = logits - log_prior[:, y]
+    return jax.nn.softmax(logits, axis=0)
 
 
 def responsibility_sums(apply_fn: ApplyFn, data: FederatedData, components: PyTree,
-                        log_pi: jax.Array, clients: jax.Array, chunk: int = CLIENT_ROWS_CHUNK,
-                        block_size: Optional[int] = None) -> jax.Array:
-    """[S, K] sum over each client's training rows of its E-step posteriors, with its own
-    `log_pi` [S, K], in chunks of `chunk` rows (memory does not grow with the client)."""
+                        log_pi: jax.Array, clients: jax.Array,
+                        log_prior: Optional[jax.Array] = None, chunk: int = CLIENT_ROWS_CHUNK,
+                        block_size: Optional[int] = None) -> tuple[jax.Array, jax.Array]:
+    """Over each client's training rows, with its own `log_pi` [S, K], the sums of its E-step
+    posteriors [S, K] and of them by label [S, K, classes] (FedRC's soft label counts), in
+    chunks of `chunk` rows (memory does not grow with the client)."""
+    classes = data.num_classes
+
     def one_client(inp, loop_length, alone):
         del alone  # rows past the client's end are masked in every chunk anyway
         offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
@@ -94,15 +105,27 @@ def responsibility_sums(apply_fn: ApplyFn, data: FederatedData, components: PyTr
         def body(i, total):
             positions, mask = chunk_rows(i, chunk, offset, count)
             rows = data.train_order[positions]
-            losses = row_losses(apply_fn, components, data.x_train[rows], data.y_train[rows])
-            return total + jnp.sum(responsibilities(losses, inp["log_pi"]) * mask, axis=1)
+            y = data.y_train[rows]
+            losses = row_losses(apply_fn, components, data.x_train[rows], y)
+            q = responsibilities(losses, inp["log_pi"], y, log_prior) * mask
+            return (total[0] + jnp.sum(q, axis=1),
+                    total[1] + q @ jax.nn.one_hot(y, classes, dtype=q.dtype))
 
-        return jax.lax.fori_loop(0, loop_length, body, jnp.zeros_like(inp["log_pi"]))
+        zeros = (jnp.zeros_like(inp["log_pi"]),
+                 jnp.zeros(inp["log_pi"].shape + (classes,), jnp.float32))
+        return jax.lax.fori_loop(0, loop_length, body, zeros)
 
     inputs = {"client": clients, "log_pi": log_pi,
               "chunks": ceil_div(data.train_counts[clients], chunk)}
     block_size = block_size_for(components, clients.shape[0], block_size)
     return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+
+
+def label_log_prior(totals: jax.Array) -> jax.Array:
+    """[K, classes] log P_m(y): each component's share of the clients' soft label counts,
+    floored at 1e-8 as the FedRC authors' code does."""
+    floored = jnp.maximum(totals, 1e-8)
+    return jnp.log(floored / jnp.sum(floored, axis=1, keepdims=True))
 
 
 def log_weights(pi: jax.Array) -> jax.Array:
@@ -118,33 +141,53 @@ def log_weights(pi: jax.Array) -> jax.Array:
           "with the pi_t-weighted mixture of the components' predictions")
 def fedem(context: AlgorithmContext) -> FederatedAlgorithm:
     """FedEM with K = ``context.num_clusters`` components; a client's row is its pi_t [K]."""
+    return mixture_of_components(context, "fedem", label_prior=False)
+
+
+def mixture_of_components(context: AlgorithmContext, name: str,
+                          label_prior: bool) -> FederatedAlgorithm:
+    """FedEM, or with `label_prior` FedRC's E-step (`mcfl.algorithms.fedrc`): a client's row
+    is its pi_t [K], and with `label_prior` also its soft label counts [K, classes]."""
     model, clients_per_round = context.model, context.clients_per_round
     num_components = context.num_clusters
-    refuse_stateful(model, "fedem")
+    refuse_stateful(model, name)
 
     def init_shared(data, key, hp):
         del hp
         components = jax.vmap(model.init)(jax.random.split(key, num_components))
-        return FedEMShared(components, jnp.zeros((data.num_clients,), jnp.int32))
+        # Every client starts with 1 / classes of each label for each component, so the
+        # first prior is uniform and cancels out, as in the authors' code.
+        totals = (jnp.full((num_components, data.num_classes),
+                           data.num_clients / data.num_classes, jnp.float32)
+                  if label_prior else None)
+        return FedEMShared(components, jnp.zeros((data.num_clients,), jnp.int32), totals)
 
     def fresh(shared, clients):
-        del shared
-        return jnp.full(clients.shape + (num_components,), 1.0 / num_components, jnp.float32)
+        pi = jnp.full(clients.shape + (num_components,), 1.0 / num_components, jnp.float32)
+        if not label_prior:
+            return pi
+        classes = shared.label_totals.shape[1]
+        return pi, jnp.full(clients.shape + (num_components, classes), 1.0 / classes,
+                            jnp.float32)
 
     def sample(data, key):
         return round_clients(data, jax.random.split(key)[0], clients_per_round)
 
-    def round_(shared, pi, clients, data, key, hp):
+    def round_(shared, rows, clients, data, key, hp):
         train_key = jax.random.split(key)[1]
+        pi = rows[0] if label_prior else rows
         start = shared.components
         log_pi = log_weights(pi)
+        log_prior = label_log_prior(shared.label_totals) if label_prior else None
         counts = data.train_counts[clients]
-        sums = responsibility_sums(model.apply, data, start, log_pi, clients)
-        new_pi = jnp.where(counts[:, None] > 0, sums / jnp.maximum(counts, 1)[:, None], pi)
+        sums, label_sums = responsibility_sums(model.apply, data, start, log_pi, clients,
+                                               log_prior)
+        held = counts[:, None] > 0
+        new_pi = jnp.where(held, sums / jnp.maximum(counts, 1)[:, None], pi)
 
         def objective(p, xb, yb, mask):
             weights = jax.lax.stop_gradient(responsibilities(
-                row_losses(model.apply, start, xb, yb), p["log_pi"]))
+                row_losses(model.apply, start, xb, yb), p["log_pi"], yb, log_prior))
             losses = row_losses(model.apply, p["components"], xb, yb)
             rows = jnp.maximum(jnp.sum(mask), 1)
             mixture_loss = -jax.nn.logsumexp(p["log_pi"][:, None] - losses, axis=0)
@@ -164,20 +207,26 @@ def fedem(context: AlgorithmContext) -> FederatedAlgorithm:
                                   averaged, start)
         cluster_of = shared.cluster_of.at[clients].set(
             jnp.argmax(new_pi, axis=1).astype(jnp.int32))
+        new_rows, totals = new_pi, shared.label_totals
+        if label_prior:  # the server's sums move by what the round's clients changed
+            new_labels = jnp.where(held[:, :, None], label_sums, rows[1])
+            stored = at_storage_precision(new_labels, context.store_dtype)
+            totals = totals + jnp.sum(stored - rows[1], axis=0)
+            new_rows = (new_pi, new_labels)
         metrics = training_metrics(weights, stats)  # train_loss: the mixtures' loss
         metrics["models_down"] = metrics["models_down"] * num_components
         metrics["models_up"] = metrics["models_up"] * num_components
         metrics["pi_max_mean"] = jnp.mean(jnp.max(new_pi, axis=1))
         metrics["num_clusters"] = jnp.sum(jnp.zeros((num_components,), jnp.int32).at[
             cluster_of].add(1) > 0).astype(jnp.float32)  # components some client leans to
-        return FedEMShared(components, cluster_of), new_pi, metrics
+        return FedEMShared(components, cluster_of, totals), new_rows, metrics
 
-    def models(shared, pi, clients):
+    def models(shared, rows, clients):
         del clients
-        return {"components": stack(shared.components, pi.shape[0]),
-                "log_pi": log_weights(pi)}
+        pi = rows[0] if label_prior else rows
+        return {"components": stack(shared.components, pi.shape[0]), "log_pi": log_weights(pi)}
 
-    return with_client_rows("fedem", ClientRows(init_shared, fresh, sample, round_, models),
+    return with_client_rows(name, ClientRows(init_shared, fresh, sample, round_, models),
                             context.store_dtype, assignments=lambda shared: shared.cluster_of,
                             evaluation_apply=mixture_apply(model.apply),
                             trainable_models=lambda shared: (shared.components,

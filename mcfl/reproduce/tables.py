@@ -242,6 +242,7 @@ _BASELINE_ALGORITHMS = (
     ("Robust", {"algorithm": "robust"}), ("FL+HC", {"algorithm": "flhc"}),
     ("PACFL", {"algorithm": "pacfl"}), ("FlexCFL", {"algorithm": "flexcfl"}),
     ("FedEM", {"algorithm": "fedem"}), ("FedSoft", {"algorithm": "fedsoft"}),
+    ("FedRC", {"algorithm": "fedrc"}),
 )
 _BASELINE_PARTS = {"rotated": ({"partition": "rotated:4"}, None),
                    "permuted": ({"partition": "permuted:4"}, None),
@@ -254,8 +255,9 @@ _BASELINE_CELLS = tuple(Cell(f"{part} {label}", {**part_changes, **changes}, (No
 # What the papers claim over FedAvg on heterogeneous clients (each in its own experiments):
 # IFCA (Ghosh et al.), FL+HC (Briggs et al.), PACFL (Vahidian et al.), Ditto (Li et al.),
 # APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg),
-# SCAFFOLD (Karimireddy et al.), FedEM (Marfoq et al.), Per-FedAvg (Fallah et al.) and
-# FedSoft (Ruan and Joe-Wong), checked on the planted parts.
+# SCAFFOLD (Karimireddy et al.), FedEM (Marfoq et al.), Per-FedAvg (Fallah et al.),
+# FedSoft (Ruan and Joe-Wong) and FedRC (Guo et al.: also over FedEM), checked on the planted
+# parts.
 _BASELINE_ORDERINGS = tuple(
     (f"{part} {better}", f"{part} {worse}")
     for part in ("rotated", "permuted", "label_swap")
@@ -263,9 +265,10 @@ _BASELINE_ORDERINGS = tuple(
                           ("Ditto", "FedAvg"), ("APFL", "FedAvg"), ("pFedMe", "FedAvg"),
                           ("FedRep", "FedAvg"), ("FedRep", "LG-FedAvg"),
                           ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg"),
-                          ("Per-FedAvg", "FedAvg"), ("FedSoft", "FedAvg")))
+                          ("Per-FedAvg", "FedAvg"), ("FedSoft", "FedAvg"),
+                          ("FedRC", "FedAvg"), ("FedRC", "FedEM")))
 _BASELINE_CLAIM = ("each paper reports its method above FedAvg on heterogeneous clients "
-                   "(FedRep also above LG-FedAvg); none reports these settings, so no values "
+                   "(FedRep also above LG-FedAvg, FedRC above FedEM); none reports these settings, so no values "
                    "are shown")
 
 
