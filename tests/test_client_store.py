@@ -35,8 +35,9 @@ BASE = dict(dataset="digits", partition="rotated:2", model="mlp", hidden=(8,), c
             seed=3)
 STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
             "robust": {"robust_centroid": "median"},
-            "apfl": {},  # (rows of two trees, one a scalar per client)
-            "fedem": {}}  # (mixtures evaluated with their own apply; clusters from shared)
+            # (rows of two trees; mixtures evaluated with their own apply; clusters from the
+            # shared part)
+            "fedrc": {}}
 
 
 def _without_timings(result):
