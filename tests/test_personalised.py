@@ -428,3 +428,98 @@ def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client
         chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[index[c]], models), want,
                                     atol=2e-5)
     np.testing.assert_array_equal(algorithm.algorithm.assignments(state), np.argmax(u, 1))
+
+
+def _flat(params):
+    return np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])
+
+
+def test_stocfl_representations_merges_slots_and_models_as_a_per_client_loop(ragged):
+    """StoCFL (Zeng et al. 2023, as its authors' code runs it), three rounds of 3 of 6 ragged
+    clients, K = 1 slot (clusters compete for it), written out: psi = anchor - anchor after 2
+    full-batch gradient steps (first time sampled); sampled clusters' mean psi joined when
+    their cosine >= tau
+    (transitively, named by the smallest id); a merged cluster keeps its largest part's slot,
+    others take free slots largest first (from the global model); each client trains its
+    cluster's model pulled toward the global one and the global model; plain means."""
+    data = ragged.arrays
+    model = make_model("mclr", (5,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=1)
+    tau, mu = 0.2, 0.3
+    algorithm = build("stocfl", model, training, 3, 3, clusters=1, stocfl_tau=tau,
+                      stocfl_mu=mu, stocfl_observe_epochs=2)
+    state = algorithm.init(data, jax.random.key(8))
+    shared = state.shared
+    glob, anchor = shared.global_model, shared.anchor
+    slots = [jax.tree.map(lambda x, k=k: x[k], shared.slots) for k in range(1)]
+    used, cluster_of, slot_of = [False], np.arange(6), np.full(6, -1)
+    psi = {}
+    _, grad = _ce(model)
+    step = jax.jit(algorithm.round)
+    merges = 0
+    for r in range(3):
+        key = jax.random.key(100 + r)
+        state, _ = step(state, data, key)
+        sample_key, rest = jax.random.split(key)
+        train_key, global_key = jax.random.split(rest)
+        clients = np.asarray(sample_clients(sample_key, 6, 3))
+        for c in clients:
+            if c not in psi:
+                lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
+                rows = np.asarray(data.train_order)[lo:lo + n]
+                a = anchor
+                for _ in range(2):
+                    a = _sub(a, grad(a, data.x_train[rows], data.y_train[rows]), 0.1)
+                psi[c] = _flat(anchor) - _flat(a)
+        old = cluster_of[clients]
+        directions = np.stack([np.mean([psi[d] for d, o in zip(clients, old) if o == root], 0)
+                               for root in old])
+        unit = directions / np.linalg.norm(directions, axis=1, keepdims=True)
+        linked = (unit @ unit.T >= tau) | (old[:, None] == old[None, :])
+        names = old.copy()
+        for _ in range(3):
+            names = np.array([names[linked[i]].min() for i in range(3)])
+        merges += len(set(old)) - len(set(names))
+        part_sizes = np.bincount(cluster_of, minlength=6)
+        cluster_of = np.array([dict(zip(old, names)).get(o, o) for o in cluster_of])
+        merged_sizes = np.bincount(cluster_of, minlength=6)
+        kept = {}
+        for o, new in zip(old, names):
+            if slot_of[o] >= 0:
+                best = kept.get(new)
+                if best is None or (part_sizes[o], slot_of[o]) > best[0]:
+                    kept[new] = ((part_sizes[o], slot_of[o]), slot_of[o])
+                used[slot_of[o]] = False
+        for o in old:
+            slot_of[o] = -1
+        for new, (_, s) in kept.items():
+            slot_of[new], used[s] = s, True
+        for i in sorted(range(3), key=lambda i: -merged_sizes[names[i]]):
+            if slot_of[names[i]] < 0 and not all(used):
+                free = used.index(False)
+                slot_of[names[i]], used[free] = free, True
+                slots[free] = glob
+        trained_clusters, trained_globals = {}, []
+        for c, root in zip(clients, names):
+            start = slots[slot_of[root]] if slot_of[root] >= 0 else glob
+            w, _ = reference_local_train(training.replace(mu=mu), data, train_key, start,
+                                         int(c), anchor=glob)
+            if slot_of[root] >= 0:
+                trained_clusters.setdefault(slot_of[root], []).append(w)
+            g, _ = reference_local_train(training, data, global_key, glob, int(c))
+            trained_globals.append(g)
+        glob = jax.tree.map(lambda *x: sum(x) / len(x), *trained_globals)
+        for k, ws in trained_clusters.items():
+            slots[k] = jax.tree.map(lambda *x: sum(x) / len(x), *ws)
+        chex.assert_trees_all_close(state.shared.global_model, glob, atol=2e-5)
+        np.testing.assert_array_equal(state.shared.cluster_of, cluster_of)
+        np.testing.assert_array_equal(state.shared.slot_of, slot_of)
+        np.testing.assert_array_equal(state.shared.used, used)
+        for k in range(len(used)):
+            if used[k]:
+                chex.assert_trees_all_close(
+                    jax.tree.map(lambda x, k=k: x[k], state.shared.slots), slots[k], atol=2e-5)
+        for c in clients:
+            np.testing.assert_allclose(np.asarray(state.rows)[c], psi[c], atol=1e-5)
+    assert merges >= 1
+    np.testing.assert_array_equal(algorithm.algorithm.assignments(state), slot_of[cluster_of])

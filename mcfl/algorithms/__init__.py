@@ -32,6 +32,7 @@ from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import fedem as _fedem  # noqa: F401
 from mcfl.algorithms import fedsoft as _fedsoft  # noqa: F401
 from mcfl.algorithms import fedrc as _fedrc  # noqa: F401
+from mcfl.algorithms import stocfl as _stocfl  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
 from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import flhc as _flhc  # noqa: F401

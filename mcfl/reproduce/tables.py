@@ -242,7 +242,7 @@ _BASELINE_ALGORITHMS = (
     ("Robust", {"algorithm": "robust"}), ("FL+HC", {"algorithm": "flhc"}),
     ("PACFL", {"algorithm": "pacfl"}), ("FlexCFL", {"algorithm": "flexcfl"}),
     ("FedEM", {"algorithm": "fedem"}), ("FedSoft", {"algorithm": "fedsoft"}),
-    ("FedRC", {"algorithm": "fedrc"}),
+    ("FedRC", {"algorithm": "fedrc"}), ("StoCFL", {"algorithm": "stocfl"}),
 )
 _BASELINE_PARTS = {"rotated": ({"partition": "rotated:4"}, None),
                    "permuted": ({"partition": "permuted:4"}, None),
@@ -256,8 +256,8 @@ _BASELINE_CELLS = tuple(Cell(f"{part} {label}", {**part_changes, **changes}, (No
 # IFCA (Ghosh et al.), FL+HC (Briggs et al.), PACFL (Vahidian et al.), Ditto (Li et al.),
 # APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg),
 # SCAFFOLD (Karimireddy et al.), FedEM (Marfoq et al.), Per-FedAvg (Fallah et al.),
-# FedSoft (Ruan and Joe-Wong) and FedRC (Guo et al.: also over FedEM), checked on the planted
-# parts.
+# FedSoft (Ruan and Joe-Wong), FedRC (Guo et al.: also over FedEM) and StoCFL (Zeng et al.),
+# checked on the planted parts.
 _BASELINE_ORDERINGS = tuple(
     (f"{part} {better}", f"{part} {worse}")
     for part in ("rotated", "permuted", "label_swap")
@@ -266,7 +266,7 @@ _BASELINE_ORDERINGS = tuple(
                           ("FedRep", "FedAvg"), ("FedRep", "LG-FedAvg"),
                           ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg"),
                           ("Per-FedAvg", "FedAvg"), ("FedSoft", "FedAvg"),
-                          ("FedRC", "FedAvg"), ("FedRC", "FedEM")))
+                          ("FedRC", "FedAvg"), ("FedRC", "FedEM"), ("StoCFL", "FedAvg")))
 _BASELINE_CLAIM = ("each paper reports its method above FedAvg on heterogeneous clients "
                    "(FedRep also above LG-FedAvg, FedRC above FedEM); none reports these "
                    "settings, so no values are shown")
