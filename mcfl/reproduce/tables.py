@@ -350,9 +350,10 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           full=Form({}, 3, "estimated 1 h 15 min on 2 CPU cores (the quick form's time x 100 "
                     "/ 40 rounds); not run", orderings=_BASELINE_ORDERINGS,
                     claim=_BASELINE_CLAIM),
-          quick=Form({"rounds": 40}, 3, "31 min on 2 CPU cores (measured 2026-11-25 on an "
-                     "AMD EPYC in two parts: 1,501 s for the first 18 algorithms, 386 s for "
-                     "FedEM, FedRC, FedSoft and Per-FedAvg with FedAvg)",
+          quick=Form({"rounds": 40}, 3, "33 min on 2 CPU cores (measured 2026-11-25 on an "
+                     "AMD EPYC in three parts: 1,501 s for the first 18 algorithms, 386 s for "
+                     "FedEM, FedRC, FedSoft and Per-FedAvg with FedAvg, 130 s for StoCFL with "
+                     "FedAvg)",
                      note="40 rounds instead of 100",
                      orderings=_BASELINE_ORDERINGS, claim=_BASELINE_CLAIM),
           metrics=(Metric("final_accuracy_micro", "Micro-Acc"), Metric("cluster_ari", "ARI"))),
