@@ -81,8 +81,10 @@ def test_kills_at_random_points_each_resume_to_the_uninterrupted_run(whole, tmp_
     out = tmp_path / "cut"
     env = {k: v for k, v in os.environ.items() if k != faults.VARIABLE}
     landed: collections.Counter = collections.Counter()
-    # The windows the issue names first, then random ones.
-    schedule = [("finished", 1, 0), ("checkpoint", 2, 5), ("replace", 1, 0)]
+    # The windows the issue names first (a checkpoint's first, while a fresh run still has
+    # checkpoints ahead: after a kill in the final window, a resume writes none), then random
+    # ones.
+    schedule = [("checkpoint", 2, 5), ("replace", 1, 0), ("finished", 1, 0)]
     completed = 0
     while sum(landed.values()) - landed["inside a checkpoint write"] < KILLS:
         if schedule:
