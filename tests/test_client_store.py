@@ -37,7 +37,10 @@ STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
             "robust": {"robust_centroid": "median"},
             # (rows of two trees; mixtures evaluated with their own apply; clusters from the
             # shared part)
-            "fedrc": {}}
+            "fedrc": {},
+            # (clustered, rows read only by training: the embedding starts from the shared
+            # centers / cluster models)
+            "fedsoft": {}, "stocfl": {}}
 
 
 def _without_timings(result):

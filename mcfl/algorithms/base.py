@@ -60,8 +60,9 @@ class FederatedAlgorithm(NamedTuple):
     # The apply that evaluates a client model when it is not the model's own (FedEM's
     # mixture of components); None: the model's apply.
     evaluation_apply: Optional[Callable] = None
-    # With `evaluation_apply`: ``(models [M, ...], index [C])`` of the model's own parameters a
-    # client trains from in the closing embedding (FedEM: its dominant component).
+    # ``(models [M, ...], index [C])``: the model parameters a client trains from in the
+    # closing embedding, when its client models are not those (FedEM's mixtures) or are rows
+    # of a client store (FedSoft's local models; the embedding reads the shared part only).
     trainable_models: Optional[Callable[[State], tuple[Any, jax.Array]]] = None
     # ``personalised(state, clients [b], data) -> models [b]``: the models the clients are
     # evaluated with when they are made from their data (Per-FedAvg's one step); None:

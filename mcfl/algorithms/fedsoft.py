@@ -199,4 +199,6 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
     return with_client_rows(
         "fedsoft", ClientRows(init_shared, fresh, sample, round_, evaluated),
         context.store_dtype,
-        assignments=lambda shared: jnp.argmax(shared.weights, axis=1).astype(jnp.int32))
+        assignments=lambda shared: jnp.argmax(shared.weights, axis=1).astype(jnp.int32),
+        trainable_models=lambda shared: (  # the embedding: each client from its center
+            shared.centers, jnp.argmax(shared.weights, axis=1).astype(jnp.int32)))

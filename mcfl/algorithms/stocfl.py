@@ -240,6 +240,14 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
                                    s[jnp.maximum(slot, 0)], g[None]),
             shared.global_model, shared.slots)
 
+    def cluster_models(shared):
+        """[1 + K] the global model and the slots, and each client's (its slot + 1; 0: the
+        global model): what the closing embedding trains each client from."""
+        models = jax.tree.map(lambda g, s: jnp.concatenate([g[None], s]), shared.global_model,
+                              shared.slots)
+        return models, (shared.slot_of[shared.cluster_of] + 1).astype(jnp.int32)
+
     return with_client_rows(
         "stocfl", ClientRows(init_shared, fresh, sample, round_, models), context.store_dtype,
-        assignments=lambda shared: shared.slot_of[shared.cluster_of])
+        assignments=lambda shared: shared.slot_of[shared.cluster_of],
+        trainable_models=cluster_models)

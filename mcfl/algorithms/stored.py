@@ -100,10 +100,10 @@ def with_client_rows(name: str, client_rows: ClientRows, dtype_name: str = "floa
                      assignments=None, evaluation_apply=None,
                      trainable_models=None) -> FederatedAlgorithm:
     """The algorithm with its rows [C, ...] in its state on the device (the `device` store);
-    `assignments(shared)`: each client's cluster, for a clustered algorithm; `evaluation_apply`:
-    the apply of `ClientRows.models`' models when it is not the model's own, and then
-    `trainable_models(shared)`: the model parameters each client trains from
-    (`FederatedAlgorithm.trainable_models`)."""
+    `assignments(shared)`: each client's cluster, for a clustered algorithm (which then also
+    gives `trainable_models(shared)`, the model parameters the closing embedding trains each
+    client from: `FederatedAlgorithm.trainable_models`); `evaluation_apply`: the apply of
+    `ClientRows.models`' models when it is not the model's own."""
 
     def init(data, key, hp):
         shared = client_rows.init_shared(data, key, hp)
