@@ -39,8 +39,8 @@ STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
             # shared part)
             "fedrc": {},
             # (clustered, rows read only by training: the embedding starts from the shared
-            # centers / cluster models)
-            "fedsoft": {}, "stocfl": {}}
+            # centers; StoCFL's cluster models go the same way)
+            "fedsoft": {}}
 
 
 def _without_timings(result):

@@ -42,10 +42,10 @@ _DENSE_RESULTS: dict = {}
 
 
 @pytest.mark.parametrize("num_models,mu,steps,unroll", [
-    (1, 0.0, None, 0), (1, 0.0, None, 64),  # both step schedules on the plain case
-    (1, 0.5, None, 64),  # the proximal pull, unrolled
+    (1, 0.0, None, 0),  # the plain case in the loop
+    (1, 0.5, None, 64),  # the unrolled schedule, with the proximal pull
     (3, 0.3, 5, 0),  # several start models, fixed steps, the pull, in the loop
-], ids=["loop", "unrolled", "prox-unrolled", "models-prox-steps-loop"])
+], ids=["loop", "prox-unrolled", "models-prox-steps-loop"])
 def test_low_rank_equals_dense_path(setup, num_models, mu, steps, unroll, monkeypatch):
     """Collected models, per-client stats and segment sums agree with the per-client path for
     one shared start model (summed in the block), several start models, FedProx's pull with a
