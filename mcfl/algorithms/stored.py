@@ -151,6 +151,20 @@ def with_fresh(client_rows: ClientRows, dtype_name: str, initial, stored, writte
 EVAL_CHUNK_BYTES = 1 << 28
 
 
+def evaluated_floats(client_rows: ClientRows, shared) -> int:
+    """Floats of one client's row or of the model it is evaluated with, whichever is more
+    (FedEM's row is K weights, its evaluated model K components): what a chunk of clients
+    holds at once when it is evaluated."""
+    def one(s):
+        clients = jnp.zeros((1,), jnp.int32)
+        rows = client_rows.fresh(s, clients)
+        return rows, client_rows.models(s, rows, clients)
+
+    rows, models = jax.eval_shape(one, shared)
+    return max(sum(x.size for x in jax.tree.leaves(rows)),
+               sum(x.size for x in jax.tree.leaves(models)))
+
+
 def evaluation_chunk(num_clients: int, row_floats: int) -> int:
     """Clients per evaluation chunk of a store's rows (every store uses the same, so that
     they compute the same numbers)."""
@@ -172,7 +186,7 @@ def evaluate_device_rows(algorithm: FederatedAlgorithm, apply_fn, block_size: in
     """Every client's evaluation counts from rows held on the device ([C, ...] in `state`),
     chunk by chunk as a host or disk store evaluates them (`evaluation_chunk`)."""
     client_rows, dtype_name = algorithm.client_rows, algorithm.store_dtype
-    row_floats = sum(x[0].size for x in jax.tree.leaves(state.rows))
+    row_floats = evaluated_floats(client_rows, state.shared)
 
     def chunk_counts(clients):
         stored = jax.tree.map(lambda r: r[clients], state.rows)

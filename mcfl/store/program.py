@@ -38,6 +38,7 @@ from mcfl.algorithms import hyperparams
 from mcfl.algorithms.stored import (
     StoredState,
     evaluate_rows,
+    evaluated_floats,
     evaluation_chunk,
     stored_round,
     to_storage,
@@ -143,6 +144,7 @@ class StoredProgram(RoundProgram):
         self.num_clients = int(data.num_clients)
         initial = self.initial if self.initial is not None else state
         self.layout = self._layout(initial)
+        self.evaluated_floats = self._evaluated_floats(initial)
         first = jnp.asarray(1, jnp.int32)
         clients = jax.eval_shape(self._sample, rounds_keys, data, first)
         stored = self._packed_like(clients.shape)
@@ -178,8 +180,13 @@ class StoredProgram(RoundProgram):
         return RowLayout.of(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                                          row))
 
+    def _evaluated_floats(self, shared) -> int:
+        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shared)
+               if self.members else shared)
+        return evaluated_floats(self.algorithm.client_rows, one)
+
     def _eval_chunk(self) -> int:
-        return evaluation_chunk(self.num_clients, self.layout.floats())
+        return evaluation_chunk(self.num_clients, self.evaluated_floats)
 
     # ---- init
     def init(self, values, init_keys, data):
@@ -191,6 +198,7 @@ class StoredProgram(RoundProgram):
         shared = jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
         self.initial = shared
         self.layout = self._layout(shared)
+        self.evaluated_floats = self._evaluated_floats(shared)
         self.close()
         self.store = make_store(self.kind, members, self.num_clients, self.layout.row_bytes,
                                 self.folder)
