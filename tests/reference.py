@@ -50,6 +50,13 @@ def reference_local_train(training: LocalTraining, data, round_key, params, clie
     return params, steps
 
 
+def client_train_rows(data, client: int):
+    """(x, y): all of one client's training rows, in the data's order."""
+    lo, n = int(data.train_offsets[client]), int(data.train_counts[client])
+    rows = np.asarray(data.train_order)[lo:lo + n]
+    return data.x_train[rows], data.y_train[rows]
+
+
 def reference_batches(training: LocalTraining, data, round_key, client: int):
     """The batches (x, y) of one client's local steps in a round, in order, as the batch rule
     documents them (a partial last batch of an epoch is short, not masked)."""

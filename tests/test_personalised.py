@@ -15,7 +15,7 @@ from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from mcfl.program import evaluation_counts
 from mcfl.sampling import sample_clients
-from tests.reference import reference_batches, reference_local_train
+from tests.reference import client_train_rows, reference_batches, reference_local_train
 
 # (algorithm, its layer-count key, the own layers of MLP 5-8-6-3 it gives for count 1)
 SPLITS = {"fedper": ("layers", {"Dense_2"}), "lg_fedavg": ("local_layers", {"Dense_0"})}
@@ -280,9 +280,7 @@ def test_fedem_and_fedrc_em_steps_and_mixtures_as_a_per_client_loop(ragged, name
         prior = totals / totals.sum(1, keepdims=True) if name == "fedrc" else None
         trained = []
         for c in clients:
-            lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
-            rows = np.asarray(data.train_order)[lo:lo + n]
-            x, y = data.x_train[rows], data.y_train[rows]
+            x, y = client_train_rows(data, int(c))
 
             log_pi = np.log(pi[c])
             q_all = _posteriors(per_row, theta, x, y, log_pi, prior)
@@ -363,9 +361,7 @@ def test_perfedavg_maml_steps_and_personalised_models_as_a_per_client_loop(ragge
     chosen = jax.numpy.asarray([1, 4], jax.numpy.int32)
     personal = algorithm.algorithm.personalised(state, chosen, data)
     for i, c in enumerate([1, 4]):
-        lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
-        rows = np.asarray(data.train_order)[lo:lo + n]
-        want = _sub(w, grad(w, data.x_train[rows], data.y_train[rows]), 0.3)
+        want = _sub(w, grad(w, *client_train_rows(data, c)), 0.3)
         chex.assert_trees_all_close(jax.tree.map(lambda x, i=i: x[i], personal), want,
                                     atol=2e-5)
     # a run's evaluation is with these models
@@ -403,11 +399,9 @@ def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client
     for r in range(3):
         if r % 2 == 0:
             for c in range(6):
-                lo, n = int(data.train_offsets[c]), int(counts[c])
-                rows = np.asarray(data.train_order)[lo:lo + n]
-                losses = np.stack([per_row(p, data.x_train[rows], data.y_train[rows])
-                                   for p in centers])
-                share = np.bincount(np.argmin(losses, 0), minlength=2) / n
+                x, y = client_train_rows(data, c)
+                losses = np.stack([per_row(p, x, y) for p in centers])
+                share = np.bincount(np.argmin(losses, 0), minlength=2) / len(y)
                 u[c] = np.maximum(share, 0.05) / np.maximum(share, 0.05).sum()
         key = jax.random.key(90 + r)
         state, _ = step(state, data, key)
@@ -469,11 +463,9 @@ def test_stocfl_representations_merges_slots_and_models_as_a_per_client_loop(rag
         clients = np.asarray(sample_clients(sample_key, 6, 3))
         for c in clients:
             if c not in psi:
-                lo, n = int(data.train_offsets[c]), int(data.train_counts[c])
-                rows = np.asarray(data.train_order)[lo:lo + n]
                 a = anchor
                 for _ in range(2):
-                    a = _sub(a, grad(a, data.x_train[rows], data.y_train[rows]), 0.1)
+                    a = _sub(a, grad(a, *client_train_rows(data, int(c))), 0.1)
                 psi[c] = _flat(anchor) - _flat(a)
         old = cluster_of[clients]
         directions = np.stack([np.mean([psi[d] for d, o in zip(clients, old) if o == root], 0)

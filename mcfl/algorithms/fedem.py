@@ -29,10 +29,10 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.stored import ClientRows, at_storage_precision, with_client_rows
 from mcfl.data.federated import FederatedData
@@ -41,11 +41,8 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
-    block_size_for,
-    by_length,
-    ceil_div,
-    chunk_rows,
-    map_clients,
+    row_losses,
+    sums_over_client_rows,
     train_and_collect,
 )
 from mcfl.sampling import round_clients
@@ -59,12 +56,6 @@ class FedEMShared(NamedTuple):
     components: PyTree
     cluster_of: jax.Array
     label_totals: Optional[jax.Array] = None
-
-
-def row_losses(apply_fn: ApplyFn, components: PyTree, x, y) -> jax.Array:
-    """[K, B] cross-entropy of each of the K components on each row."""
-    return jax.vmap(lambda params: optax.softmax_cross_entropy_with_integer_labels(
-        apply_fn(params, x), y))(components)
 
 
 def mixture_apply(apply_fn: ApplyFn) -> ApplyFn:
@@ -98,27 +89,15 @@ def responsibility_sums(apply_fn: ApplyFn, data: FederatedData, components: PyTr
     chunks of `chunk` rows (memory does not grow with the client)."""
     classes = data.num_classes
 
-    def one_client(inp, loop_length, alone):
-        del alone  # rows past the client's end are masked in every chunk anyway
-        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+    def per_chunk(x, y, mask, inp):
+        q = responsibilities(row_losses(apply_fn, components, x, y), inp["log_pi"], y,
+                             log_prior) * mask
+        return jnp.sum(q, axis=1), q @ jax.nn.one_hot(y, classes, dtype=q.dtype)
 
-        def body(i, total):
-            positions, mask = chunk_rows(i, chunk, offset, count)
-            rows = data.train_order[positions]
-            y = data.y_train[rows]
-            losses = row_losses(apply_fn, components, data.x_train[rows], y)
-            q = responsibilities(losses, inp["log_pi"], y, log_prior) * mask
-            return (total[0] + jnp.sum(q, axis=1),
-                    total[1] + q @ jax.nn.one_hot(y, classes, dtype=q.dtype))
-
-        zeros = (jnp.zeros_like(inp["log_pi"]),
-                 jnp.zeros(inp["log_pi"].shape + (classes,), jnp.float32))
-        return jax.lax.fori_loop(0, loop_length, body, zeros)
-
-    inputs = {"client": clients, "log_pi": log_pi,
-              "chunks": ceil_div(data.train_counts[clients], chunk)}
-    block_size = block_size_for(components, clients.shape[0], block_size)
-    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+    zeros = (jnp.zeros(log_pi.shape[1:], jnp.float32),
+             jnp.zeros(log_pi.shape[1:] + (classes,), jnp.float32))
+    return sums_over_client_rows(data, clients, components, per_chunk, zeros,
+                                 {"log_pi": log_pi}, chunk, block_size)
 
 
 def label_log_prior(totals: jax.Array) -> jax.Array:
@@ -217,8 +196,8 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         metrics["models_down"] = metrics["models_down"] * num_components
         metrics["models_up"] = metrics["models_up"] * num_components
         metrics["pi_max_mean"] = jnp.mean(jnp.max(new_pi, axis=1))
-        metrics["num_clusters"] = jnp.sum(jnp.zeros((num_components,), jnp.int32).at[
-            cluster_of].add(1) > 0).astype(jnp.float32)  # components some client leans to
+        metrics["num_clusters"] = cluster_count(  # components some client leans to
+            jnp.zeros((num_components,), jnp.int32).at[cluster_of].add(1))
         return FedEMShared(components, cluster_of, totals), new_rows, metrics
 
     def models(shared, rows, clients):

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.apfl import mixture
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
-from mcfl.algorithms.fedem import row_losses
+from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.stored import ClientRows, with_client_rows
 from mcfl.data.federated import FederatedData
@@ -43,11 +43,8 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
-    block_size_for,
-    by_length,
-    ceil_div,
-    chunk_rows,
-    map_clients,
+    row_losses,
+    sums_over_client_rows,
     train_and_collect,
 )
 from mcfl.sampling import round_clients
@@ -88,22 +85,15 @@ def nearest_center_counts(apply_fn: ApplyFn, data: FederatedData, centers: PyTre
     """[S, K] how many of each client's training rows each center has the lowest loss on."""
     num_centers = jax.tree.leaves(centers)[0].shape[0]
 
-    def one_client(inp, loop_length, alone):
-        del alone  # rows past the client's end are masked in every chunk anyway
-        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+    def per_chunk(x, y, mask, inp):
+        del inp
+        nearest = jax.nn.one_hot(jnp.argmin(row_losses(apply_fn, centers, x, y), axis=0),
+                                 num_centers)  # [B, K]
+        return jnp.sum(nearest * mask[:, None], axis=0)
 
-        def body(i, total):
-            positions, mask = chunk_rows(i, chunk, offset, count)
-            rows = data.train_order[positions]
-            losses = row_losses(apply_fn, centers, data.x_train[rows], data.y_train[rows])
-            nearest = jax.nn.one_hot(jnp.argmin(losses, axis=0), num_centers)  # [B, K]
-            return total + jnp.sum(nearest * mask[:, None], axis=0)
-
-        return jax.lax.fori_loop(0, loop_length, body, jnp.zeros((num_centers,), jnp.float32))
-
-    inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
-    block_size = block_size_for(centers, clients.shape[0], block_size)
-    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+    return sums_over_client_rows(data, clients, centers, per_chunk,
+                                 jnp.zeros((num_centers,), jnp.float32), chunk=chunk,
+                                 block_size=block_size)
 
 
 def importance_weights(counts: jax.Array, smoother) -> jax.Array:
@@ -190,8 +180,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["models_down"] = (metrics["models_down"] * num_centers
                                   + jnp.where(due, data.num_clients * num_centers, 0))
         metrics["weight_max_mean"] = jnp.mean(jnp.max(weights, axis=1))
-        metrics["num_clusters"] = jnp.sum(jnp.zeros((num_centers,), jnp.int32).at[
-            cluster_of].add(1) > 0).astype(jnp.float32)
+        metrics["num_clusters"] = cluster_count(
+            jnp.zeros((num_centers,), jnp.int32).at[cluster_of].add(1))
         new_shared = shared.replace(centers=centers, trained=shared.trained.at[clients].set(True),
                                     round=shared.round + 1)
         return new_shared, trained, metrics

@@ -18,7 +18,6 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round, flat_models
@@ -30,11 +29,8 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
-    block_size_for,
-    by_length,
-    ceil_div,
-    chunk_rows,
-    map_clients,
+    row_losses,
+    sums_over_client_rows,
     train_and_aggregate,
     train_and_collect,
 )
@@ -54,28 +50,15 @@ def losses_of_models(
 ) -> jax.Array:
     """[S, K] mean training loss of each of the K `models` on each client's training rows
     (IFCA's cluster identity estimate, Ghosh et al. 2020, Alg. 1), in chunks of `chunk` rows."""
-    def one_client(inp, loop_length, alone):
-        del alone  # rows past the client's end are masked in every chunk anyway
-        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+    def per_chunk(x, y, mask, inp):
+        del inp
+        return jnp.sum(row_losses(apply_fn, models, x, y) * mask, axis=1)
 
-        def body(i, total):
-            positions, mask = chunk_rows(i, chunk, offset, count)
-            rows = data.train_order[positions]
-            x, y = data.x_train[rows], data.y_train[rows]
-
-            def summed(params):
-                losses = optax.softmax_cross_entropy_with_integer_labels(apply_fn(params, x), y)
-                return jnp.sum(losses * mask)
-
-            return total + jax.vmap(summed)(models)
-
-        num_models = jax.tree.leaves(models)[0].shape[0]
-        total = jax.lax.fori_loop(0, loop_length, body, jnp.zeros((num_models,), jnp.float32))
-        return total / jnp.maximum(count, 1)
-
-    inputs = {"client": clients, "chunks": ceil_div(data.train_counts[clients], chunk)}
-    block_size = block_size_for(models, clients.shape[0], block_size)
-    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+    num_models = jax.tree.leaves(models)[0].shape[0]
+    totals = sums_over_client_rows(data, clients, models, per_chunk,
+                                   jnp.zeros((num_models,), jnp.float32), chunk=chunk,
+                                   block_size=block_size)
+    return totals / jnp.maximum(data.train_counts[clients], 1)[:, None]
 
 
 

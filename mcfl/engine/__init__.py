@@ -41,6 +41,8 @@ from mcfl.engine.client_rows import (
     chunk_rows,
     full_gradient,
     gradient_of_client,
+    row_losses,
+    sums_over_client_rows,
 )
 from mcfl.engine.clients import (
     RoundClients,
@@ -77,6 +79,8 @@ __all__ = [
     "by_length",
     "ceil_div",
     "chunk_rows",
+    "row_losses",
+    "sums_over_client_rows",
     "client_mesh",
     "client_num_steps",
     "client_shards",

@@ -1,14 +1,19 @@
-"""Loops over ONE client's rows in fixed chunks: full-batch gradients (FedSGD, FedDANE), and
-the per-client loops of IFCA's losses and of evaluation with models of their own."""
+"""Loops over ONE client's rows in fixed chunks: full-batch gradients (FedSGD, FedDANE), sums
+of per-row quantities over each client's training rows (IFCA's losses, FedEM's posteriors,
+FedSoft's nearest centers), and evaluation with models of their own."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from mcfl.data.federated import FederatedData
-from mcfl.engine.training import ApplyFn, PyTree
+from mcfl.engine.blocks import block_size_for, by_length, map_clients
+from mcfl.engine.training import ApplyFn, PyTree, ceil_div
 
 # Rows per step of the loops over ONE client's rows (IFCA's losses, FedSGD / FedDANE gradients,
 # evaluating clients with models of their own). A client's last chunk is padded to full size,
@@ -25,6 +30,38 @@ def chunk_rows(i, chunk: int, offset, count) -> tuple[jax.Array, jax.Array]:
     position is repeated and masked out)."""
     pos = i * chunk + jnp.arange(chunk, dtype=jnp.int32)
     return offset + jnp.minimum(pos, jnp.maximum(count - 1, 0)), pos < count
+
+
+def row_losses(apply_fn: ApplyFn, models: PyTree, x, y) -> jax.Array:
+    """[K, B] cross-entropy of each of the K stacked `models` on each row."""
+    return jax.vmap(lambda params: optax.softmax_cross_entropy_with_integer_labels(
+        apply_fn(params, x), y))(models)
+
+
+def sums_over_client_rows(data: FederatedData, clients: jax.Array, models: PyTree,
+                          per_chunk: Callable, zeros: PyTree, inputs: Optional[dict] = None,
+                          chunk: int = CLIENT_ROWS_CHUNK,
+                          block_size: Optional[int] = None) -> PyTree:
+    """[S, ...] for each of `clients`, the sum over its training rows, `chunk` rows at a time,
+    of ``per_chunk(x [chunk, ...], y [chunk], mask [chunk], inp) -> like zeros`` (`mask`:
+    the client's real rows; `inp`: the client's entries of `inputs` [S, ...]). `models`, the
+    stacked models each chunk reads, sizes the blocks of clients run side by side."""
+    def one_client(inp, loop_length, alone):
+        del alone  # rows past the client's end are masked in every chunk anyway
+        offset, count = data.train_offsets[inp["client"]], data.train_counts[inp["client"]]
+
+        def body(i, total):
+            positions, mask = chunk_rows(i, chunk, offset, count)
+            rows = data.train_order[positions]
+            found = per_chunk(data.x_train[rows], data.y_train[rows], mask, inp)
+            return jax.tree.map(jnp.add, total, found)
+
+        return jax.lax.fori_loop(0, loop_length, body, zeros)
+
+    every = {**(inputs or {}), "client": clients,
+             "chunks": ceil_div(data.train_counts[clients], chunk)}
+    block_size = block_size_for(models, clients.shape[0], block_size)
+    return map_clients(by_length(one_client, "chunks"), every, every["chunks"], block_size)
 
 
 def full_gradient(
