@@ -27,11 +27,10 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -78,8 +77,7 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
         w0, alpha = shared[1]
         return stack(w0, clients.shape[0]), jnp.full(clients.shape, alpha, jnp.float32)
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         w = shared[0]

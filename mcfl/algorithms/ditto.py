@@ -23,9 +23,8 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, segment_mean, train_and_aggregate, train_and_collect
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -52,8 +51,7 @@ def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
     def fresh(shared, clients):
         return stack(shared[1], clients.shape[0])
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         w, w0 = shared

@@ -34,7 +34,12 @@ from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, at_storage_precision, with_client_rows
+from mcfl.algorithms.stored import (
+    ClientRows,
+    at_storage_precision,
+    sampled_each_round,
+    with_client_rows,
+)
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -45,7 +50,6 @@ from mcfl.engine import (
     sums_over_client_rows,
     train_and_collect,
 )
-from mcfl.sampling import round_clients
 
 
 class FedEMShared(NamedTuple):
@@ -149,8 +153,7 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         return pi, jnp.full(clients.shape + (num_components, classes), 1.0 / classes,
                             jnp.float32)
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         train_key = jax.random.split(key)[1]

@@ -21,11 +21,10 @@ from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.partial import joined, own_layers, split
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import Static, setting
 
 
@@ -62,9 +61,6 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
     def fresh(shared, clients):
         return stack(shared[1], clients.shape[0])
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
-
     def objective_training(training, train):
         """`training` on the whole model with only the part `train` ("body" or "head")
         moving."""
@@ -76,6 +72,8 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
             return loss, loss
 
         return training.replace(objective=objective, low_rank="off")
+
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         head_key, body_key = jax.random.split(jax.random.split(key)[1])

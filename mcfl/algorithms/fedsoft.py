@@ -36,7 +36,7 @@ from mcfl.algorithms.apfl import mixture
 from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
 from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -47,7 +47,6 @@ from mcfl.engine import (
     sums_over_client_rows,
     train_and_collect,
 )
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 EVALUATED = ("local", "center")
@@ -131,9 +130,6 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
         return jax.tree.map(lambda c: jnp.zeros((clients.shape[0],) + c.shape[1:], c.dtype),
                             shared.centers)
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
-
     def estimate(shared, data, hp):
         everyone = jnp.arange(data.num_clients, dtype=jnp.int32)
         counts = nearest_center_counts(model.apply, data, shared.centers, everyone)
@@ -149,6 +145,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
         center = jax.tree.map(lambda c: c[nearest], shared.centers)
         use_center = jnp.broadcast_to(shared.evaluate_center, clients.shape).astype(jnp.float32)
         return mixture(center, own_models(shared, rows, clients), use_center)
+
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         train_key = jax.random.split(key)[1]

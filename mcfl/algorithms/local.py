@@ -13,9 +13,8 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.sampling import round_clients
 
 
 @register("local", reference="NonFed baseline",
@@ -33,8 +32,7 @@ def local(context: AlgorithmContext) -> FederatedAlgorithm:
     def fresh(w0, clients):
         return stack(w0, clients.shape[0])
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(w0, rows, clients, data, key, hp):
         train_key = jax.random.split(key)[1]

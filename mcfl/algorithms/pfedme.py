@@ -28,11 +28,10 @@ import jax.numpy as jnp
 from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.engine.training import masked_cross_entropy, squared_distance
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import Static, setting
 
 
@@ -74,8 +73,7 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
     def fresh(shared, clients):
         return stack(shared[1], clients.shape[0])
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         del rows  # theta starts at the global model each round; rows are for evaluation

@@ -28,10 +28,9 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -68,8 +67,7 @@ def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
     def fresh(shared, clients):
         return stack(zeros_like_model(shared[1]), clients.shape[0])
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, rows, clients, data, key, hp):
         x, c = shared

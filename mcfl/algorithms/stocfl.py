@@ -35,7 +35,7 @@ from mcfl.algorithms.apfl import refuse_stateful
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.clustered import flat_models
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, with_client_rows
+from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.clustering.distances import cosine_similarity
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -50,7 +50,6 @@ from mcfl.engine import (
     train_and_collect,
 )
 from mcfl.engine.client_rows import full_gradient
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -140,9 +139,6 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         d = flat_models(stack(shared.anchor)).shape[1]
         return jnp.zeros(clients.shape + (d,), jnp.float32)
 
-    def sample(data, key):
-        return round_clients(data, jax.random.split(key)[0], clients_per_round)
-
     def assign_slots(shared, old_roots, new_roots, part_sizes, merged_sizes):
         """Slots after the merge: a merged cluster keeps the slot of its largest part that
         had one (the other parts' slots are freed); clusters still without one take free
@@ -173,6 +169,8 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
 
         return jax.lax.fori_loop(0, new_roots.shape[0], give,
                                  (slot_of, used, jnp.zeros_like(used)))
+
+    sample = sampled_each_round(clients_per_round)
 
     def round_(shared, psi, clients, data, key, hp):
         train_key, global_key = jax.random.split(jax.random.split(key)[1])

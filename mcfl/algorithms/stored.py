@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.engine import evaluate_clients
+from mcfl.sampling import round_clients
 
 
 class ClientRows(NamedTuple):
@@ -46,6 +47,15 @@ class ClientRows(NamedTuple):
     sample: Callable
     round: Callable
     models: Callable
+
+
+def sampled_each_round(clients_per_round: int) -> Callable:
+    """`ClientRows.sample` of the algorithms whose round samples its clients with the first
+    half of the round key (`round_clients`, as FedAvg does)."""
+    def sample(data, key):
+        return round_clients(data, jax.random.split(key)[0], clients_per_round)
+
+    return sample
 
 
 class StoredState(flax.struct.PyTreeNode):
