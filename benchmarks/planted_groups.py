@@ -8,12 +8,13 @@ clustering (`--robust-start-epochs`).
 
 Fashion-MNIST (Debian's dataset-fashion-mnist), 240 clients drawing the 70,000 rows at random
 (about 290 each), in 4 planted groups: rotations (``rotated``), label permutations
-(``permuted``) or swapped label pairs (``label_swap``), of equal sizes or uneven ones (96 /
-72 / 48 / 24 clients). MCLR, lr 0.05, E = 5, B = 10, 60 rounds (`--rounds`), K = 4; CFL and
-Robust with their defaults otherwise (CFL: relative thresholds eps1 0.4, eps2 0.5, 20 warm-up
-rounds, at most K clusters). Prints one Markdown row a run: final ARI against the planted
-groups, clusters, micro accuracy, and the clients in a cluster holding more than one planted
-group.
+(``permuted``) or swapped label pairs (``label_swap``), of equal sizes or uneven ones (96 / 72
+/ 48 / 24 clients), or all 240 in one group (``--groups one``: nothing to find). MCLR, lr 0.05,
+E = 5, B = 10, 60 rounds (`--rounds`), K = 4; CFL and Robust with their defaults otherwise
+(CFL: relative thresholds eps1 0.4, eps2 0.5, halves split only when their updates apart,
+20 warm-up rounds, at most K = `--clusters` clusters). Prints one Markdown row a run: final ARI
+against the planted groups, clusters, micro accuracy, and the clients in a cluster holding more
+than one planted group.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from mcfl.algorithms.cfl import REJOIN
 from mcfl.data.loaders import load_fmnist
 from mcfl.data.partition import plant_rows
 
-GROUP_SIZES = {"equal": (60, 60, 60, 60), "uneven": (96, 72, 48, 24)}
+GROUP_SIZES = {"equal": (60, 60, 60, 60), "uneven": (96, 72, 48, 24), "one": (240,)}
 
 
 def planted(kind: str, sizes: tuple[int, ...], seed: int = 0):
@@ -72,9 +73,15 @@ def main() -> None:
     parser.add_argument("--participation", nargs="+", type=float, default=[1.0, 0.25])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--clusters", type=int, default=4, help="K (CFL: at most K clusters)")
+    parser.add_argument("--separation", type=float, default=None,
+                        help="cfl: --cfl-separation (default: mcfl's; -2: none)")
     args = parser.parse_args()
     settings = ([{"cfl_rejoin": rule} for rule in args.rules] if args.algorithm == "cfl"
                 else [{"robust_start_epochs": e} for e in args.start_epochs])
+    if args.algorithm == "cfl" and args.separation is not None:
+        for setting in settings:
+            setting["cfl_separation"] = args.separation
     print(f"| data | groups | clients a round | {args.algorithm} setting | seed | ARI | "
           "clusters | micro acc | clients in mixed clusters | s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -86,12 +93,12 @@ def main() -> None:
                     for seed in args.seeds:
                         config = mcfl.RunConfig(
                             algorithm=args.algorithm, model="mclr", lr=0.05, local_epochs=5,
-                            batch_size=10, clusters=4, rounds=args.rounds,
+                            batch_size=10, clusters=args.clusters, rounds=args.rounds,
                             eval_every=args.rounds, clients_per_round=share, embed_clients=0,
                             clients=data.num_clients, seed=seed, **setting)
                         start = time.perf_counter()
                         result = mcfl.run(config, dataset=data)
-                        print(row(kind, groups, share, next(iter(setting.values())), seed,
+                        print(row(kind, groups, share, ", ".join(map(str, setting.values())), seed,
                                   result, data, time.perf_counter() - start), flush=True)
 
 

@@ -170,6 +170,96 @@ def test_cfl_bipartitions_two_planted_groups():
     assert adjusted_rand_score(planted.true_cluster, np.asarray(state.assignment)) == 1.0
 
 
+def test_cfl_splits_only_when_the_halves_separate():
+    """The logged gap is the within-minus-across mean cosine of the bipartition's updates:
+    small for a population without groups (every client's data from one distribution; here
+    27 parameters, so noise gaps are wider than for real models), large for two planted
+    groups. A threshold between the two keeps one cluster for the first and splits the
+    second; thresholds just around the logged gap split iff below it; -2 (the paper's code)
+    always splits."""
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 3, 1200)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (1200, 8))).astype(np.float32)
+    arrays = LabelledArrays("g", x, y, 3, np.ones(1200, bool))
+    model = make_model("mclr", (8,), 3)
+
+    def clusters_and_gap(partition, **params):
+        data = partition_arrays(arrays, parse_partition(partition), 20, 0.2, "none",
+                                seed=0).arrays
+        algorithm = build("cfl", model, _training(model), 20, 8, clusters=2, eps1=1e9,
+                          eps2=0.0, warmup=2, **params)
+        state = algorithm.init(data, jax.random.key(0))
+        step = jax.jit(algorithm.round)
+        for r in range(3):
+            state, metrics = step(state, data, jax.random.key(r))
+        return int(metrics["num_clusters"]), float(metrics["split_separation"])
+
+    split, gap = clusters_and_gap("iid", separation=-2.0)
+    assert split == 2 and 0.0 < gap < 0.5  # tested at round 3
+    assert clusters_and_gap("iid", separation=gap - 1e-4) == (2, gap)
+    assert clusters_and_gap("iid", separation=gap + 1e-4) == (1, gap)
+    assert clusters_and_gap("iid", separation=0.5)[0] == 1
+    split, planted_gap = clusters_and_gap("permuted:2", separation=0.5)
+    assert split == 2 and planted_gap > 1.0
+
+
+def test_cfl_gives_back_the_slot_of_a_cluster_its_members_left():
+    """Slot 1 holds half the clients but a model whose loss is huge on everyone's data: with
+    every client a round, `all` moves them all to slot 0, and the emptied slot is free again
+    (inactive: the next split may take it); with `stay` nobody moves and it stays."""
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 3, 600)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (600, 8))).astype(np.float32)
+    data = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(600, bool)),
+                            parse_partition("iid"), 10, 0.2, "none", seed=0).arrays
+    model = make_model("mclr", (8,), 3)
+    for rule, freed in (("all", True), ("stay", False)):
+        algorithm = build("cfl", model, _training(model), 10, 8, clusters=3, rejoin=rule)
+        state = algorithm.init(data, jax.random.key(0))
+        wrong = jax.tree.map(lambda m: m.at[1].set(m[0] * 50.0 + 20.0 * (m[0] < 0)),
+                             state.models)
+        assignment = jnp.arange(10, dtype=jnp.int32) % 2
+        state = state.replace(models=wrong, assignment=assignment,
+                              active=jnp.array([True, True, False]),
+                              sizes=cluster_sizes(assignment, 3))
+        state, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1))
+        assert bool(state.active[1]) is not freed
+        assert int(metrics["num_clusters"]) == (1 if freed else 2)
+        assert np.asarray(state.sizes).tolist() == ([10, 0, 0] if freed else [5, 5, 0])
+
+
+def test_cfl_gives_its_last_free_slot_to_the_most_separated_split():
+    """Slot 0 holds clients of one planted group, slot 1 the rest of that group and all of
+    the other (every client every round, staying where it is); one slot is free and both
+    clusters pass the split test at round 3 (separation -2): the
+    slot goes to slot 1's bipartition (two groups: the wider gap), though slot 0 comes
+    first, and it separates the two groups."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 3000)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (3000, 8))).astype(np.float32)
+    planted = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(3000, bool)),
+                               parse_partition("permuted:2"), 40, 0.2, "none", seed=0)
+    truth = np.asarray(planted.true_cluster)
+    model = make_model("mclr", (8,), 3)
+    algorithm = build("cfl", model, _training(model), 40, 8, clusters=3, eps1=1e9, eps2=0.0,
+                      warmup=2, separation=-2.0, rejoin="stay")
+    state = algorithm.init(planted.arrays, jax.random.key(0))
+    group0 = np.flatnonzero(truth == 0)
+    assignment = np.ones(40, np.int32)
+    assignment[group0[: len(group0) // 2]] = 0
+    assignment = jnp.asarray(assignment)
+    state = state.replace(active=jnp.array([True, True, False]), assignment=assignment,
+                          sizes=cluster_sizes(assignment, 3))
+    step = jax.jit(algorithm.round)
+    for r in range(3):  # the split test opens at round 3
+        state, metrics = step(state, planted.arrays, jax.random.key(r))
+    assert np.asarray(state.parent).tolist() == [0, 1, 1]  # slot 2 split off slot 1
+    moved = np.asarray(state.assignment) == 2
+    assert len(set(truth[moved])) == 1 and len(set(truth[np.asarray(state.assignment) == 1]))\
+        == 1
+    assert float(metrics["split_separation"]) > 1.0
+
+
 def test_descendants_follow_the_split_history():
     # slot 1 split off 0, 2 off 1, 3 off 0; slot 4 never used (its own parent)
     got = np.asarray(descendants(jnp.array([0, 0, 1, 0, 4], jnp.int32)))
