@@ -22,6 +22,7 @@ from mcfl.apps.commands import (
     cmd_bench,
     cmd_compare,
     cmd_data_describe,
+    cmd_data_export,
     cmd_data_plot,
     cmd_demo,
     cmd_models,
@@ -43,6 +44,7 @@ from mcfl.apps.flags import (
     setup_compile_cache,
 )
 from mcfl.config import SHARED_FIELDS, hint_of
+from mcfl.data.export import FORMATS
 from mcfl.errors import ConfigError, McflError
 from mcfl.memory import out_of_memory
 from mcfl.settings import TextParser
@@ -162,13 +164,22 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = p_data.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     p_describe = data_sub.add_parser("describe", help="clients, samples and classes per client")
     p_plot = data_sub.add_parser("plot", help="PNG heat map of the labels of each client")
-    for p in (p_describe, p_plot):
+    p_export = data_sub.add_parser(
+        "export", help="write the dataset as mcfl trains on it (each client's train / test "
+        "rows, client ids, planted clusters) as LEAF JSON or npz, for other code to read")
+    for p in (p_describe, p_plot, p_export):
         add_config_flags(p, DATA_FLAGS)
         add_cache_flags(p)
     p_describe.add_argument("--json", action="store_true", help="print JSON")
     p_describe.set_defaults(func=cmd_data_describe)
     p_plot.add_argument("--out", default="label_distribution.png", metavar="PNG")
     p_plot.set_defaults(func=cmd_data_plot)
+    p_export.add_argument("--format", choices=FORMATS, default="leaf",
+                          help="leaf: train/ and test/ JSON as LEAF writes them (rows "
+                          "flattened), true_cluster.json beside; npz: one data.npz")
+    p_export.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    add_overwrite_flag(p_export, "export")
+    p_export.set_defaults(func=cmd_data_export)
 
     p_models = sub.add_parser("models", help="the registered models (--model NAME), with their "
                               "arguments (--model-args)")

@@ -15,12 +15,13 @@ from mcfl.apps.bench_point import FEATURES
 from mcfl.apps.compare import compare
 from mcfl.apps.demo import run_demo
 from mcfl.apps.describe import format_description, plot_label_distribution
-from mcfl.apps.flags import cache_dir_from_args, config_from_args
+from mcfl.apps.flags import DATA_FLAGS, cache_dir_from_args, config_from_args
 from mcfl.apps.plots import plot_clusters
 from mcfl.apps.select_k import write_select_k
 from mcfl.config import RunConfig, algorithm_names, all_keys, from_dict
 from mcfl.data import load_dataset
 from mcfl.data.describe import describe
+from mcfl.data.export import export_dataset
 from mcfl.errors import ConfigError
 from mcfl.figures import check_figure_path
 from mcfl.resume import resume_settings
@@ -256,6 +257,17 @@ def cmd_data_describe(args) -> int:
     dataset = load_dataset(config_from_args(args), cache_dir=cache_dir_from_args(args))
     summary = describe(dataset)
     print(json.dumps(summary, indent=2) if args.json else format_description(summary))
+    return 0
+
+
+def cmd_data_export(args) -> int:
+    config = config_from_args(args)
+    dataset = load_dataset(config, cache_dir=cache_dir_from_args(args))
+    settings = {name: getattr(config, name) for name in DATA_FLAGS}
+    out = export_dataset(dataset, args.out, args.format, settings, overwrite=args.overwrite)
+    print(f"{dataset.name}: {dataset.num_clients} clients, "
+          f"{int(dataset.train_counts().sum())} train and {int(dataset.test_counts().sum())} "
+          f"test rows written as {args.format} to {out}/")
     return 0
 
 

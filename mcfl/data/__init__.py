@@ -3,6 +3,7 @@ data users bring (`from_clients`, `from_arrays`, `plant`, `register`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from mcfl.data import cache, partition, registry
 from mcfl.data.arrays import LabelledArrays
+from mcfl.data.export import read_true_cluster
 from mcfl.data.federated import FederatedData, FederatedDataset, from_owner, from_splits
 from mcfl.data.leaf import load_leaf
 from mcfl.data.loaders import load_arrays, normalize
@@ -135,8 +137,12 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
         if config.data_dir is None:
             raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "
                             "folders of LEAF JSON files")
-        return load_leaf(config.data_dir, config.clients, test_fraction=config.test_fraction,
-                         seed=seed)
+        dataset = load_leaf(config.data_dir, config.clients, test_fraction=config.test_fraction,
+                            seed=seed)
+        # (planted clusters written beside the files by `mcfl data export`)
+        true_cluster = read_true_cluster(config.data_dir, dataset.client_ids)
+        return dataset if true_cluster is None else dataclasses.replace(
+            dataset, true_cluster=true_cluster)
     arrays = load_arrays(config.dataset, config.data_dir, config.download)
     return partition_arrays(
         arrays, part, config.clients, test_fraction_of(config, part),
