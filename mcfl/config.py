@@ -25,7 +25,7 @@ import tomllib
 
 from mcfl import settings
 from mcfl.algorithms import registry
-from mcfl.data.settings import DEFAULT_CLIENTS, DataSettings, check_data, counts_own_clients
+from mcfl.data.settings import DataSettings, check_data, counts_own_clients, default_clients
 from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
 from mcfl.sampling import resolve_clients_per_round
@@ -199,9 +199,10 @@ class RunConfig:
         for name, cls in GROUPS.items():
             object.__setattr__(self, name, _group(name, cls, values))
         if self.clients is None and not counts_own_clients(self.dataset):
-            # Only leaf and a user's factory know their clients; the others are split over 100.
-            object.__setattr__(self, "data", dataclasses.replace(self.data,
-                                                                 clients=DEFAULT_CLIENTS))
+            # Only leaf and a user's factory know their clients; the others are split over 100
+            # (fedem-synthetic: the paper's 300).
+            object.__setattr__(self, "data", dataclasses.replace(
+                self.data, clients=default_clients(self.dataset)))
         if self.data_dir is not None:  # "~/data" in a config file means what a shell means
             object.__setattr__(self, "data", dataclasses.replace(
                 self.data, data_dir=os.path.expanduser(self.data_dir)))

@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
+from mcfl.data import fedem_synthetic as fedem
 from mcfl.errors import ConfigError, McflError
 
 LIMIT_VARIABLE = "MCFL_MEMORY_LIMIT"
@@ -35,6 +36,9 @@ _SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # per client float64 temporaries: a 60 x 10 model, 10 biases, 60 input means, a few scalars.
 _SYNTHETIC_ROW_BYTES = 60 * 4 + 3 * 4  # features, label, owner, order
 _SYNTHETIC_CLIENT_HOST_BYTES = (600 + 10 + 60 + 8) * 8
+# FedEM's synthetic generator (mcfl.data.fedem_synthetic): rows of 150 float32 features; on the
+# host, per row, int64 / float64 temporaries (owner, rank, component, shuffle keys and order,
+# noise).
 # Rows x features of the array datasets' sources (their largest form: official train + test).
 _SOURCE_SHAPES = {"mnist": (70_000, 784), "fmnist": (70_000, 784), "mnist5k": (5_000, 784),
                   "digits": (1_797, 64), "tfds:mnist": (70_000, 784),
@@ -106,6 +110,11 @@ def data_bytes(config) -> Optional[Need]:
                                else config.data_seed)
         return Need(rows * _SYNTHETIC_ROW_BYTES + clients * per_client,
                     clients * _SYNTHETIC_CLIENT_HOST_BYTES, "its data")
+    if config.dataset == "fedem-synthetic":
+        rows = fedem.row_count(clients, config.seed if config.data_seed is None
+                               else config.data_seed, config.test_fraction)
+        return Need(rows * (fedem.DIMENSION * 4 + 12) + clients * per_client,
+                    rows * 56 + clients * per_client, "its data")
     if config.dataset in _SOURCE_SHAPES:
         rows, features = _SOURCE_SHAPES[config.dataset]
         return Need(rows * (features * 4 + 12) + clients * per_client,
@@ -146,8 +155,10 @@ def check_data_fits(config) -> None:
             clients = config.clients or 0
             fits = int(clients * available / needed) if clients else 0
             advice = (f"use at most about {fits:,} --clients" if fits else "use fewer --clients")
-            if config.dataset != "synthetic" and config.dataset != "leaf":
+            if config.dataset not in ("synthetic", "fedem-synthetic", "leaf"):
                 advice += " or --samples-per-client"
+            elif config.dataset == "fedem-synthetic" and config.test_fraction is None:
+                advice += " or a --test-fraction (instead of 5000 test rows a client)"
             raise McflError(f"{config.dataset} with {clients:,} clients needs about "
                             f"{gib(needed)} of {where} for {need.what}; "
                             f"{gib(available)} is available: {advice} (or set "

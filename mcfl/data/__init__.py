@@ -12,12 +12,13 @@ import numpy as np
 from mcfl.data import cache, partition, registry
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.export import read_true_cluster
+from mcfl.data.fedem_synthetic import generate_fedem_synthetic
 from mcfl.data.federated import FederatedData, FederatedDataset, from_owner, from_splits
 from mcfl.data.leaf import load_leaf
 from mcfl.data.loaders import load_arrays, normalize
 from mcfl.data.partition import dirichlet, iid
 from mcfl.data.registry import register
-from mcfl.data.settings import DATA_FIELDS, DEFAULT_CLIENTS, DataSettings
+from mcfl.data.settings import DATA_FIELDS, DEFAULT_CLIENTS, NATURAL, DataSettings
 from mcfl.data.spec import Partition, parse_partition
 from mcfl.data.synthetic import generate_synthetic
 from mcfl.data.user import from_arrays, from_clients, plant
@@ -41,6 +42,7 @@ __all__ = [
     "dirichlet",
     "iid",
     "generate_synthetic",
+    "generate_fedem_synthetic",
     "load_dataset",
     "build_dataset",
     "partition_arrays",
@@ -61,7 +63,7 @@ def partition_of(config: RunConfig) -> Partition:
     """The config's partition, or the dataset's default (natural users, else IID)."""
     if config.partition is not None:
         return parse_partition(config.partition)
-    return parse_partition("natural" if config.dataset in ("synthetic", "leaf") else "iid")
+    return parse_partition("natural" if config.dataset in NATURAL else "iid")
 
 
 def test_fraction_of(config: RunConfig, part: Partition) -> float:
@@ -133,6 +135,8 @@ def build_dataset(config: RunConfig) -> FederatedDataset:
             config.clients, config.synthetic_alpha, config.synthetic_beta, seed,
             test_fraction=test_fraction_of(config, part),
         )
+    if config.dataset == "fedem-synthetic":  # test rows: 5000 a client, unless a share is given
+        return generate_fedem_synthetic(config.clients, seed, config.test_fraction)
     if config.dataset == "leaf":
         if config.data_dir is None:
             raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "

@@ -12,26 +12,28 @@ from mcfl.data.spec import parse_partition
 from mcfl.errors import ConfigError, choice_error
 from mcfl.settings import INT64_MAX, setting
 
-DATASETS = ("synthetic", "mnist5k", "mnist", "fmnist", "digits", "cifar10", "cifar100", "leaf",
-            "tfds:NAME")
+DATASETS = ("synthetic", "fedem-synthetic", "mnist5k", "mnist", "fmnist", "digits", "cifar10",
+            "cifar100", "leaf", "tfds:NAME")
 TFDS_NAMES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "celeb_a")
 NORMALIZATIONS = ("scale", "standardize", "none")
-NATURAL = ("synthetic", "leaf")  # datasets split by their own users
+NATURAL = ("synthetic", "fedem-synthetic", "leaf")  # datasets split by their own users
 DEFAULT_CLIENTS = 100  # clients of a dataset that is not split by its users
+RECIPE_CLIENTS = {"fedem-synthetic": 300}  # a recipe's own default (the paper's)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
     """The clients' data: which dataset, over how many clients, split how."""
 
-    dataset: str = setting("synthetic", "synthetic | mnist5k | mnist | fmnist | digits | cifar10 "
-                           "| cifar100 | leaf | tfds:NAME | a registered name | "
+    dataset: str = setting("synthetic", "synthetic | fedem-synthetic | mnist5k | mnist | fmnist | "
+                           "digits | cifar10 | cifar100 | leaf | tfds:NAME | a registered name | "
                            "module.path:factory (mcfl.data.registry)")
     dataset_args: dict = setting({}, "keyword arguments of a registered or import-path "
                                  "dataset's factory, a JSON object: '{\"n\": 3}'")
     clients: Optional[int] = setting(None, "number of clients (default: all the users of a "
                                      "natural dataset (leaf) and all the clients a user's "
-                                     "factory split, else 100)", minimum=1)
+                                     "factory split, 300 for fedem-synthetic, else 100)",
+                                     minimum=1)
     data_seed: Optional[int] = setting(None, "seed of the dataset (default: --seed)", minimum=0,
                                        maximum=INT64_MAX)
     data_dir: Optional[str] = setting(None, "folder holding the dataset's files")
@@ -40,13 +42,14 @@ class DataSettings:
     partition: Optional[str] = setting(
         None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
         "rotated:R | permuted:R | label_swap:R (joinable: rotated:4+dirichlet:0.5); default: "
-        "natural for synthetic and leaf, else iid")
+        "natural for synthetic, fedem-synthetic and leaf, else iid")
     samples_per_client: Optional[int] = setting(
         None, "split datasets: keep at most this many rows (train + test) of each client, "
         "drawn at random (IFCA's n); default all", minimum=1)
     test_fraction: Optional[float] = setting(
         None, "per-client test share (default: the recipe's: 0.1 FedProx, 1/7 Ditto, else 0.2; "
-        "leaf: its own test files, unless given: then each user's rows are split again)",
+        "fedem-synthetic: 5000 test rows per client; leaf: its own test files, unless given: "
+        "then each user's rows are split again)",
         above=0, below=1)
     normalize: Optional[str] = setting(None, "scale | standardize | none (default: the "
                                        "partition recipe's)", choices=NORMALIZATIONS)
@@ -60,6 +63,11 @@ class DataSettings:
 # from): a prepared dataset is cached under them.
 DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)
                     if f.name not in ("data_seed", "download"))
+
+
+def default_clients(dataset: str) -> int:
+    """The clients of `dataset` when `clients` is not given (and it does not count its own)."""
+    return RECIPE_CLIENTS.get(dataset, DEFAULT_CLIENTS)
 
 
 def counts_own_clients(dataset: str) -> bool:
@@ -97,8 +105,8 @@ def check_data(data: DataSettings) -> None:
             )
         if not natural_only and not user and part.kind == "natural":
             raise ConfigError(
-                f"partition 'natural' needs per-user data (dataset synthetic, leaf or a "
-                f"user's factory), not {data.dataset!r}"
+                f"partition 'natural' needs per-user data (dataset synthetic, "
+                f"fedem-synthetic, leaf or a user's factory), not {data.dataset!r}"
             )
     if data.samples_per_client is not None and data.dataset in NATURAL:
         raise ConfigError(f"samples_per_client applies to datasets split over clients, not "
