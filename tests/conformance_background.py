@@ -1,7 +1,9 @@
 """Run by the test session in the background (tests/conftest.py starts it at once; compilation
 is mostly one core's work, so it overlaps with the other tests) with 4 forced CPU devices:
-every registered algorithm 3 rounds on one device and with the clients dealt over 4; a sweep
-(members vmapped) on one device and over 4.
+every registered algorithm 3 rounds with the clients dealt over 4, and its programs (init,
+round) lowered for TPU and CUDA in that layout (the same 3 rounds on one device, with their
+round lowered, come from tests/test_conformance.py, which runs them anyway); a sweep (members
+vmapped) on one device and over 4.
 Writes its results as JSON to the file named by its first argument (through a temporary file,
 so a reader never sees half), or the error to the file named by its second, for
 tests/test_devices.py."""
@@ -14,8 +16,13 @@ import traceback
 from pathlib import Path
 
 import jax
-import numpy as np
-from conformance_setup import SETTINGS, build_small, planted_data  # noqa: I001
+from conformance_setup import (  # noqa: I001
+    SETTINGS,
+    build_small,
+    lowered,
+    planted_data,
+    run_summary,
+)
 
 import mcfl
 from mcfl import engine
@@ -32,10 +39,12 @@ def devices_run(name: str, data, devices: int) -> dict:
         for r in range(1, SETTINGS["rounds"] + 1):
             state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
             losses.append(float(metrics["train_loss"]))
-        models, _ = algorithm.client_models(state)
-    return {"losses": losses,
-            "leaves": [np.asarray(x, np.float64).ravel()[:64].tolist()
-                       for x in jax.tree.leaves(models)]}
+        summary = run_summary(algorithm, state, losses)
+        # The programs as this layout holds their arrays, lowered for TPU and CUDA.
+        summary["lowered"] = lowered(name, {
+            "init": (algorithm.init, (data.arrays, init_key)),
+            "round": (algorithm.round, (state, data.arrays, rounds_key))})
+    return summary
 
 
 def sweep_run(devices: int) -> dict:
@@ -51,9 +60,8 @@ def main() -> dict:
     assert len(jax.devices()) == 4, jax.devices()
     data = planted_data()
     out = {}
-    for name in names():
-        for devices in (1, 4):
-            out[f"{name}/devices/{devices}"] = devices_run(name, data, devices)
+    for name in names():  # (their one-device runs: tests/test_conformance.py)
+        out[f"{name}/devices/4"] = devices_run(name, data, 4)
     for devices in (1, 4):
         out[f"sweep/devices/{devices}"] = sweep_run(devices)
     return out

@@ -6,6 +6,10 @@ FedRep) need two layers: an MLP 12-8-10 for them."""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 from mcfl import settings
 from mcfl.algorithms import get
 from mcfl.engine import LocalTraining
@@ -56,3 +60,43 @@ def scan(bound, state, data, rounds_key, first: int, count: int):
         run = jax.jit(functools.partial(scan_rounds, bound.algorithm, bound.hp),
                       static_argnums=(4,))
         return run(state, data, rounds_key, first, count)
+
+
+def run_summary(algorithm, state, losses: list) -> dict:
+    """What 1 and 4 devices are compared on (tests/test_devices.py): the round losses and the
+    first values of every leaf of the client models."""
+    import jax
+    import numpy as np
+
+    models, _ = algorithm.client_models(state)
+    return {"losses": [float(x) for x in losses],
+            "leaves": [np.asarray(x, np.float64).ravel()[:64].tolist()
+                       for x in jax.tree.leaves(models)]}
+
+
+def lowered(name: str, programs: dict) -> dict:
+    """Each of `programs` ({label: (function, args)}) lowered for TPU and CUDA
+    (`mcfl.lowering`): "ok" or the reason it does not lower."""
+    from mcfl.lowering import LoweringError, lower_for
+
+    out = {}
+    for label, (fn, args) in programs.items():
+        try:
+            lower_for(fn, *args, name=f"{name} {label}")
+            out[label] = "ok"
+        except LoweringError as error:
+            out[label] = str(error)
+    return out
+
+
+def one_device_file(shared: Path, name: str) -> Path:
+    """Where tests/test_conformance.py leaves its one-device run of `name` for
+    tests/test_devices.py (the same keys as the background's four-device run)."""
+    return shared / f"one-device-{name}.json"
+
+
+def write_json(path: Path, document) -> None:
+    """`document` to `path` whole (a reader never sees half)."""
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(document))
+    partial.replace(path)

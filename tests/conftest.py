@@ -45,6 +45,20 @@ def pytest_collection_modifyitems(config, items):
     config.background_needed = any(BACKGROUND_FILE in item.nodeid for item in items)
 
 
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the background run's results,
+    the conformance runs' one-device results)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "background"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory) -> Path:
+    return shared_folder(tmp_path_factory)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def conformance_background(request, tmp_path_factory):
     """The results of tests/conformance_background.py (a function giving a dict), started
@@ -54,9 +68,7 @@ def conformance_background(request, tmp_path_factory):
     if not getattr(request.config, "background_needed", False):
         yield None
         return
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "background"
-    shared.mkdir(exist_ok=True)
+    shared = shared_folder(tmp_path_factory)
     results_file, error_file = shared / "results.json", shared / "error.txt"
     proc = None
     try:

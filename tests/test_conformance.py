@@ -13,7 +13,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conformance_setup import SETTINGS, build_small, planted_data, scan
+from conformance_setup import (
+    SETTINGS,
+    build_small,
+    lowered,
+    one_device_file,
+    planted_data,
+    run_summary,
+    scan,
+    write_json,
+)
 
 import mcfl
 from mcfl import settings
@@ -31,8 +40,10 @@ def data():
 _RUNS: dict = {}
 
 
-def _run(name, data):
-    """Round by round with a trace counter, then the same rounds as one scan."""
+def _run(name, data, shared=None):
+    """Round by round with a trace counter, then the same rounds as one scan. The round-by-round
+    result and its round lowered for TPU and CUDA go to `shared` for tests/test_devices.py
+    (which compares them with four devices)."""
     if name in _RUNS:
         return _RUNS[name]
     algorithm = build_small(name)
@@ -44,14 +55,19 @@ def _run(name, data):
     for r in range(1, SETTINGS["rounds"] + 1):
         state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
         rows.append(jax.device_get(metrics))
+    if shared is not None:
+        summary = run_summary(algorithm, state, [row["train_loss"] for row in rows])
+        summary["lowered"] = lowered(name, {"round": (algorithm.round, (
+            state, data.arrays, rounds_key))})
+        write_json(one_device_file(shared, name), summary)
     scanned, stacked = scan(algorithm, state0, data.arrays, rounds_key, 1, SETTINGS["rounds"])
     _RUNS[name] = algorithm, state, rows, scanned, jax.device_get(stacked)
     return _RUNS[name]
 
 
 @pytest.mark.parametrize("name", names())
-def test_compiles_once_and_scan_equals_round_by_round(name, data):
-    _, state, rows, scanned, stacked = _run(name, data)
+def test_compiles_once_and_scan_equals_round_by_round(name, data, shared):
+    _, state, rows, scanned, stacked = _run(name, data, shared)
     chex.assert_trees_all_close(scanned, state, atol=1e-5, rtol=1e-5)
     for key in rows[0]:
         np.testing.assert_allclose(stacked[key], [row[key] for row in rows], rtol=1e-5,
@@ -59,8 +75,8 @@ def test_compiles_once_and_scan_equals_round_by_round(name, data):
 
 
 @pytest.mark.parametrize("name", names())
-def test_metrics_models_and_assignments_are_well_formed(name, data):
-    algorithm, state, rows, _, _ = _run(name, data)
+def test_metrics_models_and_assignments_are_well_formed(name, data, shared):
+    algorithm, state, rows, _, _ = _run(name, data, shared)
     required = REQUIRED_METRICS | ({"num_clusters"} if get(name).clustered else set())
     for row in rows:
         assert required <= set(row), required - set(row)

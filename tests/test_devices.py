@@ -1,4 +1,5 @@
-"""Checks that need several devices: for every registered algorithm, 1 and 4 devices agree;
+"""Checks that need several devices: for every registered algorithm, 1 and 4 devices agree and
+its programs lower for TPU and CUDA on one device and dealt over 4 (`mcfl.lowering`);
 a sweep's members dealt over 4 devices equal one device's. Their runs take a process of their
 own with 4 forced CPU devices (tests/conformance_background.py), started with the test
 session so that its compiling overlaps the other tests; this file runs last
@@ -6,19 +7,58 @@ session so that its compiling overlaps the other tests; this file runs last
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import jax
 import numpy as np
 import pytest
+from conformance_setup import (
+    SETTINGS,
+    build_small,
+    lowered,
+    one_device_file,
+    planted_data,
+    run_summary,
+    write_json,
+)
 
 from mcfl.algorithms import names
 
 
+def one_device(name: str, shared: Path) -> dict:
+    """The one-device run tests/test_conformance.py left (the same keys as the background's
+    four-device run), or, when this session did not run it (a selection), that run here."""
+    path = one_device_file(shared, name)
+    if not path.exists():
+        algorithm, data = build_small(name), planted_data().arrays
+        init_key, rounds_key = jax.random.split(jax.random.key(0))
+        state, losses = jax.jit(algorithm.init)(data, init_key), []
+        step = jax.jit(algorithm.round)
+        for r in range(1, SETTINGS["rounds"] + 1):
+            state, metrics = step(state, data, jax.random.fold_in(rounds_key, r))
+            losses.append(float(metrics["train_loss"]))
+        summary = run_summary(algorithm, state, losses)
+        summary["lowered"] = lowered(name, {"round": (algorithm.round, (
+            state, data, rounds_key))})
+        write_json(path, summary)
+    return json.loads(path.read_text())
+
+
 @pytest.mark.parametrize("name", names())
-def test_one_and_four_devices_agree(name, conformance_background):
-    results = conformance_background()
-    one, four = results[f"{name}/devices/1"], results[f"{name}/devices/4"]
+def test_one_and_four_devices_agree(name, conformance_background, shared):
+    one, four = one_device(name, shared), conformance_background()[f"{name}/devices/4"]
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4, atol=1e-6)
-    for a, b in zip(four["leaves"], one["leaves"]):
+    for a, b in zip(four["leaves"], one["leaves"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", names())
+def test_programs_lower_for_tpu_and_cuda(name, conformance_background, shared):
+    """Init and round with the clients dealt over 4 devices, the round on one."""
+    assert conformance_background()[f"{name}/devices/4"]["lowered"] == {"init": "ok",
+                                                                       "round": "ok"}
+    assert one_device(name, shared)["lowered"] == {"round": "ok"}
 
 
 def test_members_dealt_over_four_devices_equal_one_device(conformance_background):
