@@ -407,8 +407,8 @@ def test_run_reports_clusters(planted, tmp_path):
     assert result.assignments.shape == (1, 200) and result.assignment_rounds.tolist() == [2]
     assert "cluster_ari" not in result.rounds[0] and "cluster_ari" in result.rounds[1]
     assert {"cluster", "true_cluster"} <= set(result.clients[0])
-    saved = np.load(tmp_path / "assignments.npz")
-    np.testing.assert_array_equal(saved["assignments"], result.assignments)
+    with np.load(tmp_path / "assignments.npz") as saved:  # (closed: an open one warns later)
+        np.testing.assert_array_equal(saved["assignments"], result.assignments)
     assert sum(int(n) for n in result.rounds[-1]["cluster_sizes"].split()) == 200
     sizes = np.bincount(result.assignments[-1], minlength=4)
     assert result.rounds[-1]["num_clusters"] == np.sum(sizes > 0)

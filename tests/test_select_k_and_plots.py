@@ -55,9 +55,9 @@ def test_plot_clusters_from_a_run_folder(tmp_path, capsys):
     assert main(["run", "--algorithm", "ifca", "--dataset", "digits", "--partition",
                  "permuted:4", "--clients", "24", "--rounds", "2", "--clients-per-round", "1.0",
                  "--embed-clients", "16", "--out", str(out)]) == 0
-    saved = np.load(out / "clients_pca.npz")
-    assert saved["coords"].shape == (16, 2) and len(set(saved["clients"])) == 16
-    assert set(saved) >= {"cluster", "true_cluster", "explained"}
+    with np.load(out / "clients_pca.npz") as saved:  # (closed: an open one warns later)
+        assert saved["coords"].shape == (16, 2) and len(set(saved["clients"])) == 16
+        assert set(saved) >= {"cluster", "true_cluster", "explained"}
     assert main(["plot", "clusters", str(out)]) == 0
     assert (out / "clusters.png").stat().st_size > 5000
     assert main(["plot", "clusters", str(tmp_path)]) == 2
