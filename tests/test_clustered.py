@@ -148,13 +148,23 @@ def test_ifca_round_matches_per_client_loop():
         chex.assert_trees_all_close(got, want, atol=2e-5)
 
 
+def _gaussian_rows(seed: int, rows: int) -> LabelledArrays:
+    """`rows` rows of 3 Gaussian classes in 8 dimensions (class means N(0, 3^2), noise N(0, 1)),
+    drawn from `seed`: the small data of the CFL tests."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (rows, 8))).astype(np.float32)
+    return LabelledArrays("g", x, y, 3, np.ones(rows, bool))
+
+
+def _gaussian_clients(seed: int, rows: int, partition: str, clients: int):
+    """`_gaussian_rows` split over `clients` by `partition` (20% test rows, data seed 0)."""
+    return partition_arrays(_gaussian_rows(seed, rows), parse_partition(partition), clients,
+                            0.2, "none", seed=0)
+
+
 def test_cfl_bipartitions_two_planted_groups():
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 3000)
-    means = rng.normal(0, 3, (3, 8))
-    x = (means[y] + rng.normal(0, 1, (3000, 8))).astype(np.float32)
-    arrays = LabelledArrays("g", x, y, 3, np.ones(3000, bool))
-    planted = partition_arrays(arrays, parse_partition("permuted:2"), 40, 0.2, "none", seed=0)
+    planted = _gaussian_clients(0, 3000, "permuted:2", 40)
     data = planted.arrays
     model = make_model("mclr", (8,), 3)
     # eps1 huge (a cluster counts as converged) and eps2 = 0: split as soon as allowed.
@@ -177,15 +187,10 @@ def test_cfl_splits_only_when_the_halves_separate():
     groups. A threshold between the two keeps one cluster for the first and splits the
     second; thresholds just around the logged gap split iff below it; -2 (the paper's code)
     always splits."""
-    rng = np.random.default_rng(2)
-    y = rng.integers(0, 3, 1200)
-    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (1200, 8))).astype(np.float32)
-    arrays = LabelledArrays("g", x, y, 3, np.ones(1200, bool))
     model = make_model("mclr", (8,), 3)
 
     def clusters_and_gap(partition, **params):
-        data = partition_arrays(arrays, parse_partition(partition), 20, 0.2, "none",
-                                seed=0).arrays
+        data = _gaussian_clients(2, 1200, partition, 20).arrays
         algorithm = build("cfl", model, _training(model), 20, 8, clusters=2, eps1=1e9,
                           eps2=0.0, warmup=2, **params)
         state = algorithm.init(data, jax.random.key(0))
@@ -207,11 +212,7 @@ def test_cfl_gives_back_the_slot_of_a_cluster_its_members_left():
     """Slot 1 holds half the clients but a model whose loss is huge on everyone's data: with
     every client a round, `all` moves them all to slot 0, and the emptied slot is free again
     (inactive: the next split may take it); with `stay` nobody moves and it stays."""
-    rng = np.random.default_rng(3)
-    y = rng.integers(0, 3, 600)
-    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (600, 8))).astype(np.float32)
-    data = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(600, bool)),
-                            parse_partition("iid"), 10, 0.2, "none", seed=0).arrays
+    data = _gaussian_clients(3, 600, "iid", 10).arrays
     model = make_model("mclr", (8,), 3)
     for rule, freed in (("all", True), ("stay", False)):
         algorithm = build("cfl", model, _training(model), 10, 8, clusters=3, rejoin=rule)
@@ -234,11 +235,7 @@ def test_cfl_gives_its_last_free_slot_to_the_most_separated_split():
     clusters pass the split test at round 3 (separation -2): the
     slot goes to slot 1's bipartition (two groups: the wider gap), though slot 0 comes
     first, and it separates the two groups."""
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 3000)
-    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (3000, 8))).astype(np.float32)
-    planted = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(3000, bool)),
-                               parse_partition("permuted:2"), 40, 0.2, "none", seed=0)
+    planted = _gaussian_clients(0, 3000, "permuted:2", 40)
     truth = np.asarray(planted.true_cluster)
     model = make_model("mclr", (8,), 3)
     algorithm = build("cfl", model, _training(model), 40, 8, clusters=3, eps1=1e9, eps2=0.0,
@@ -274,11 +271,7 @@ def test_cfl_rejoin_places_the_clients_absent_at_a_split():
     `stay` leaves the 30 clients absent at the split in the parent's half for good, so it keeps
     both groups; `descendants` and `all` send each of them, at its next round, to the half of
     lower training loss, which is its own group's (ARI 1 over the clients seen since)."""
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 3000)
-    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (3000, 8))).astype(np.float32)
-    planted = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(3000, bool)),
-                               parse_partition("permuted:2"), 40, 0.2, "none", seed=0)
+    planted = _gaussian_clients(0, 3000, "permuted:2", 40)
     model = make_model("mclr", (8,), 3)
     results = {}
     for rule in REJOIN:
@@ -307,11 +300,7 @@ def test_cfl_rejoin_places_the_clients_absent_at_a_split():
 
 
 def test_cfl_relative_thresholds_are_multiples_of_the_warmup_update_norm():
-    rng = np.random.default_rng(1)
-    y = rng.integers(0, 3, 1200)
-    x = (rng.normal(0, 3, (3, 8))[y] + rng.normal(0, 1, (1200, 8))).astype(np.float32)
-    data = partition_arrays(LabelledArrays("g", x, y, 3, np.ones(1200, bool)),
-                            parse_partition("permuted:2"), 20, 0.2, "none", seed=0).arrays
+    data = _gaussian_clients(1, 1200, "permuted:2", 20).arrays
     model = make_model("mclr", (8,), 3)
 
     def run(**params):
