@@ -17,10 +17,10 @@ from pathlib import Path
 
 import jax
 from conformance_setup import (  # noqa: I001
-    SETTINGS,
     build_small,
     lowered,
     planted_data,
+    rounds_run,
     run_summary,
 )
 
@@ -31,15 +31,9 @@ from mcfl.algorithms import names
 
 def devices_run(name: str, data, devices: int) -> dict:
     algorithm = build_small(name)
-    init_key, rounds_key = jax.random.split(jax.random.key(0))
     with jax.set_mesh(engine.client_mesh(devices)):
-        state = jax.jit(algorithm.init)(data.arrays, init_key)
-        step = jax.jit(algorithm.round)
-        losses = []
-        for r in range(1, SETTINGS["rounds"] + 1):
-            state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
-            losses.append(float(metrics["train_loss"]))
-        summary = run_summary(algorithm, state, losses)
+        _, state, rows, init_key, rounds_key = rounds_run(algorithm, data.arrays)
+        summary = run_summary(algorithm, state, [row["train_loss"] for row in rows])
         # The programs as this layout holds their arrays, lowered for TPU and CUDA.
         summary["lowered"] = lowered(name, {
             "init": (algorithm.init, (data.arrays, init_key)),

@@ -89,6 +89,30 @@ def lowered(name: str, programs: dict) -> dict:
     return out
 
 
+def rounds_run(algorithm, data, step=None):
+    """`algorithm` initialised and run SETTINGS["rounds"] rounds on `data` (its arrays) with
+    the keys every conformance and device check uses, round by round through `step` (default:
+    the jitted round): (initial state, final state, each round's metrics on the host,
+    init key, rounds key)."""
+    import jax
+
+    init_key, rounds_key = jax.random.split(jax.random.key(0))
+    state0 = jax.jit(algorithm.init)(data, init_key)
+    step = step or jax.jit(algorithm.round)
+    state, rows = state0, []
+    for r in range(1, SETTINGS["rounds"] + 1):
+        state, metrics = step(state, data, jax.random.fold_in(rounds_key, r))
+        rows.append(jax.device_get(metrics))
+    return state0, state, rows, init_key, rounds_key
+
+
+def one_device_summary(name: str, algorithm, state, rows, data, rounds_key) -> dict:
+    """`run_summary` of a one-device run, with its round lowered for TPU and CUDA."""
+    summary = run_summary(algorithm, state, [row["train_loss"] for row in rows])
+    summary["lowered"] = lowered(name, {"round": (algorithm.round, (state, data, rounds_key))})
+    return summary
+
+
 def one_device_file(shared: Path, name: str) -> Path:
     """Where tests/test_conformance.py leaves its one-device run of `name` for
     tests/test_devices.py (the same keys as the background's four-device run)."""

@@ -16,10 +16,10 @@ import pytest
 from conformance_setup import (
     SETTINGS,
     build_small,
-    lowered,
     one_device_file,
+    one_device_summary,
     planted_data,
-    run_summary,
+    rounds_run,
     scan,
     write_json,
 )
@@ -47,19 +47,12 @@ def _run(name, data, shared=None):
     if name in _RUNS:
         return _RUNS[name]
     algorithm = build_small(name)
-    init_key, rounds_key = jax.random.split(jax.random.key(0))
-    state0 = jax.jit(algorithm.init)(data.arrays, init_key)
     chex.clear_trace_counter()  # algorithms built by one factory share round code
-    step = jax.jit(chex.assert_max_traces(algorithm.round, n=1))
-    state, rows = state0, []
-    for r in range(1, SETTINGS["rounds"] + 1):
-        state, metrics = step(state, data.arrays, jax.random.fold_in(rounds_key, r))
-        rows.append(jax.device_get(metrics))
+    state0, state, rows, _, rounds_key = rounds_run(
+        algorithm, data.arrays, jax.jit(chex.assert_max_traces(algorithm.round, n=1)))
     if shared is not None:
-        summary = run_summary(algorithm, state, [row["train_loss"] for row in rows])
-        summary["lowered"] = lowered(name, {"round": (algorithm.round, (
-            state, data.arrays, rounds_key))})
-        write_json(one_device_file(shared, name), summary)
+        write_json(one_device_file(shared, name), one_device_summary(
+            name, algorithm, state, rows, data.arrays, rounds_key))
     scanned, stacked = scan(algorithm, state0, data.arrays, rounds_key, 1, SETTINGS["rounds"])
     _RUNS[name] = algorithm, state, rows, scanned, jax.device_get(stacked)
     return _RUNS[name]

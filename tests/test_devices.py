@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from conformance_setup import (
-    SETTINGS,
     build_small,
-    lowered,
     one_device_file,
+    one_device_summary,
     planted_data,
-    run_summary,
+    rounds_run,
     write_json,
 )
 
@@ -32,16 +30,8 @@ def one_device(name: str, shared: Path) -> dict:
     path = one_device_file(shared, name)
     if not path.exists():
         algorithm, data = build_small(name), planted_data().arrays
-        init_key, rounds_key = jax.random.split(jax.random.key(0))
-        state, losses = jax.jit(algorithm.init)(data, init_key), []
-        step = jax.jit(algorithm.round)
-        for r in range(1, SETTINGS["rounds"] + 1):
-            state, metrics = step(state, data, jax.random.fold_in(rounds_key, r))
-            losses.append(float(metrics["train_loss"]))
-        summary = run_summary(algorithm, state, losses)
-        summary["lowered"] = lowered(name, {"round": (algorithm.round, (
-            state, data, rounds_key))})
-        write_json(path, summary)
+        _, state, rows, _, rounds_key = rounds_run(algorithm, data)
+        write_json(path, one_device_summary(name, algorithm, state, rows, data, rounds_key))
     return json.loads(path.read_text())
 
 
