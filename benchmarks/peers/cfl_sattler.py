@@ -106,6 +106,7 @@ from planted_groups import GROUP_SIZES, planted  # noqa: E402
 from sklearn.metrics import adjusted_rand_score  # noqa: E402
 
 import mcfl  # noqa: E402
+from mcfl.data.export import client_rows  # noqa: E402
 
 CODES = ("sattler", "mcfl-paper", "mcfl-default")
 LR, BATCH, EPOCHS = 0.05, 10, 5
@@ -137,14 +138,6 @@ def import_theirs(checkout: Path):
     return fl, edits
 
 
-def client_rows(arrays, split: str) -> list[np.ndarray]:
-    """Each client's row indices of `split` ("train" or "test") in mcfl's flat arrays."""
-    order = np.asarray(getattr(arrays, f"{split}_order"))
-    offsets = np.asarray(getattr(arrays, f"{split}_offsets"))
-    counts = np.asarray(getattr(arrays, f"{split}_counts"))
-    return [order[o:o + c] for o, c in zip(offsets, counts)]
-
-
 def run_theirs(fl, data, seed: int, rounds: int, eps: tuple[float, float], relative: bool,
                warmup: int, lr_decay: bool, verbose: bool) -> dict:
     """Their CFL (fl_devices' Client and Server) in a loop making the notebook's calls."""
@@ -172,7 +165,7 @@ def run_theirs(fl, data, seed: int, rounds: int, eps: tuple[float, float], relat
     n = data.num_clients
     clients = [fl.Client(model_fn, optimizer_fn, rows(x_train, y_train, idx), idnum=i,
                          batch_size=BATCH, train_frac=1.0)
-               for i, idx in enumerate(client_rows(a, "train"))]
+               for i, idx in enumerate(client_rows(data, "train"))]
     server = fl.Server(model_fn, rows(x_test, y_test, np.arange(len(y_test))))
 
     cluster_indices = [np.arange(n).astype("int")]
@@ -217,7 +210,7 @@ def run_theirs(fl, data, seed: int, rounds: int, eps: tuple[float, float], relat
     for k, idc in enumerate(cluster_indices):
         assignment[idc] = k
     correct = total = 0
-    for client, idx in zip(clients, client_rows(a, "test")):
+    for client, idx in zip(clients, client_rows(data, "test")):
         if len(idx):
             loader = DataLoader(rows(x_test, y_test, idx), batch_size=512, shuffle=False)
             correct += client.evaluate(loader) * len(idx)
