@@ -53,11 +53,17 @@ class RoundClients(NamedTuple):
     # [S] row of `start_models` each client's proximal term pulls to, when it is not the row
     # it starts from (Ditto's personal models, pulled to the global one); per-client path
     anchor_index: Optional[jax.Array] = None
+    # [S] int32 local steps of each client, when fewer than the training's own count (which
+    # caps them: E epochs or `local_steps`): FlexCFL's newcomers continue their last E - 1
+    # epochs after a pre-training epoch
+    steps: Optional[jax.Array] = None
 
 
 def _training_inputs(training, data, selection, weights, segments, prox_scale):
     """The round's per-client inputs ([S] each, in selection order)."""
     steps = client_num_steps(data.train_counts[selection.clients], training)
+    if selection.steps is not None:  # never above the training's count (the factored
+        steps = jnp.minimum(selection.steps, steps)  # paths' capacity follows from it)
     weights = weights.astype(jnp.float32)
     if selection.active is not None:
         steps = jnp.where(selection.active, steps, 0)
