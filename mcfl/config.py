@@ -334,15 +334,15 @@ def _validate(c: RunConfig) -> None:
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
             f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
         )
+    check = getattr(c.params, "check", None)
+    if check is not None:  # an algorithm's checks across settings (clients may be None)
+        check(c)
     if c.clients is None:  # a natural dataset's users, counted when it is loaded
         return
     if c.clustered and c.clusters > c.clients:
         raise ConfigError(
             f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
         )
-    check = getattr(c.params, "check", None)
-    if check is not None:  # an algorithm's checks across settings
-        check(c)
     resolve_clients_per_round(c.clients_per_round, c.clients)
 
 
