@@ -41,6 +41,7 @@ CLIENT_STORES = ("auto", "device", "host", "disk")
 STORE_DTYPES = ("float32", "bfloat16")
 SCORES = ("mcfl", "paper")
 CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.algorithms.schedule.SCHEDULES
+DECAYED = ("all", "kernels")  # as mcfl.engine.training.DECAYED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,12 @@ class TrainingSettings:
                               below=1)
     weight_decay: Annotated[float, Static("0 or not picks the training path: the factored "
                                           "fast paths need plain SGD")] = setting(
-        0.0, "L2 weight decay on the clients", minimum=0)
+        0.0, "L2 weight decay on the clients (wd * W added to each step's gradient)",
+        minimum=0)
+    weight_decay_on: str = setting("all", "what --weight-decay decays: all (every parameter) | "
+                                   "kernels (dense and conv kernels, not biases or norm "
+                                   "scales: the FlexCFL authors' L2, e.g. their mclr.py; "
+                                   "Keras's l2(c) is --weight-decay 2c)", choices=DECAYED)
     client_store_dtype: str = setting("float32", "what clients keep between rounds (Local's "
                                       "and personal models, control variates; FeSEM's and "
                                       "Robust's start) is stored as float32 or bfloat16 (half "

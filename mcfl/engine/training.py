@@ -25,6 +25,17 @@ ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
 
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
+DECAYED = ("all", "kernels")  # which parameters weight decay acts on
+
+
+def kernel_mask(params: PyTree) -> PyTree:
+    """True at every leaf named ``kernel`` (the weights of dense and conv layers), False at
+    the others (biases, norm scales, embeddings): `LocalTraining.weight_decay_on` "kernels"."""
+    def is_kernel(path, _):
+        last = path[-1] if path else None
+        return getattr(last, "key", getattr(last, "name", None)) == "kernel"
+
+    return jax.tree_util.tree_map_with_path(is_kernel, params)
 
 
 class LocalTraining(flax.struct.PyTreeNode):
@@ -51,6 +62,9 @@ class LocalTraining(flax.struct.PyTreeNode):
     optimizer: Any = flax.struct.field(pytree_node=False, default="sgd")
     momentum: Any = 0.9
     weight_decay: float = flax.struct.field(pytree_node=False, default=0.0)  # L2, static
+    # "all": weight decay on every parameter; "kernels": on the layers' kernels only (the
+    # FlexCFL authors' code puts its L2 on the kernel, their mclr.py)
+    weight_decay_on: str = flax.struct.field(pytree_node=False, default="all")
     mu: Any = None
     # The factored fast paths need plain SGD and either the model's dense layers when it is a
     # ReLU dense stack (`mcfl.engine.lowrank`) or its one large layer (`factored`: the CNNs,
@@ -75,7 +89,9 @@ class LocalTraining(flax.struct.PyTreeNode):
     objective: Optional[Callable] = flax.struct.field(pytree_node=False, default=None)
 
     def transform(self) -> optax.GradientTransformation:
-        """The clients' optax optimizer (weight decay as an L2 gradient term before it)."""
+        """The clients' optax optimizer (weight decay as an L2 gradient term before it: wd * W
+        added to the gradient, on every parameter or, with `weight_decay_on` "kernels", on the
+        kernels only)."""
         if callable(self.optimizer):
             opt = self.optimizer(self.lr)
         elif self.optimizer == "sgd":
@@ -87,8 +103,12 @@ class LocalTraining(flax.struct.PyTreeNode):
         else:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; allowed: "
                              f"{', '.join(OPTIMIZERS)} or a function of the learning rate")
+        if self.weight_decay_on not in DECAYED:
+            raise ValueError(f"unknown weight_decay_on {self.weight_decay_on!r}; allowed: "
+                             f"{', '.join(DECAYED)}")
         if self.weight_decay > 0:
-            opt = optax.chain(optax.add_decayed_weights(self.weight_decay), opt)
+            mask = kernel_mask if self.weight_decay_on == "kernels" else None
+            opt = optax.chain(optax.add_decayed_weights(self.weight_decay, mask), opt)
         return opt
 
     @property
