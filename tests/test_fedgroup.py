@@ -66,8 +66,11 @@ def test_groups_recovered_for_all_clients_newcomers_included(planted):
 
 
 def test_round_one_communication_counts_the_cold_start(planted):
+    """The authors' pre-training (a newcomer then trains from its group's model); the paper's
+    is counted in tests/test_flexcfl_pretrain.py."""
     model, training = _setup()
-    algorithm = build("fedgroup", model, training, 30, 8, clusters=4, pretrain_scale=5)
+    algorithm = build("fedgroup", model, training, 30, 8, clusters=4, pretrain_scale=5,
+                      pretrain_steps=5)
     data = planted.arrays
     state = algorithm.init(data, jax.random.key(0))
     before = np.asarray(state.assignment)

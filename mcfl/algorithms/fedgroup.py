@@ -4,19 +4,27 @@ group cold start, newcomer cold start, per-group FedAvg and inter-group aggregat
 Group cold start (Alg. 3): m = alpha * K random clients pre-train from the initial model W_0 and
 upload their updates dW (an [m, d] matrix, not centred). Grouping: the EDC embedding (cosine of
 each dW_i to the top-K right singular vectors of dW, computed through the m x m Gram matrix) and
-k-means++ on its rows, or MADC with complete-linkage clustering. A group's model is its members'
-mean pre-trained model and its fixed direction dW_g = that model - W_0.
+k-means++ on its rows, or MADC with complete-linkage clustering. A group's fixed direction dW_g is
+its members' mean pre-training update (Alg. 3 lines 16-17).
 
 Newcomer cold start (Sec. 3.4): a client still outside every group pre-trains from W_0 the first
-time it is sampled and joins argmin_g (1 - cos(dW_g, dW_i))/2. Only the round's newcomers train
-(the others of the sampled batch are inactive, `engine.RoundClients.active`), and rounds without
-a newcomer skip the pre-training altogether.
+time it is sampled and joins argmin_g (1 - cos(dW_g, dW_i))/2. Only the round's newcomers
+pre-train (the others of the sampled batch are inactive, `engine.RoundClients.active`), and
+rounds without a newcomer skip the pre-training altogether.
+
+The pre-training is, by default, the paper's (Sec. 3.4): one local epoch from W_0, which the
+client goes on from for the rest of its round; or the authors' code's N steps, or mcfl's
+earlier whole local training (`mcfl.algorithms.cold_start`).
 
 Training (Alg. 2): each group runs FedAvg over its sampled members (weighted by n_i); a group
 with no sampled member keeps its model; then inter-group aggregation with eta_g > 0:
 theta_g <- (theta_g + eta_g S_g) / (1 + eta_g T_g), with S_g = sum_{l != g} theta_l / ||theta_l||
 and T_g = sum_{l != g} 1 / ||theta_l||.
-A client not yet in a group is evaluated with W_0.
+A client not yet in a group is evaluated with W_0. With ``evaluate_with="last_received"`` every
+client is evaluated with the model it started its last round's training from (its group's model
+then; W_0 before its first round, or for a newcomer going on from its pre-training epoch), as
+the authors' code tests each member (their group.py: a client's ``latest_params`` are set when
+its group broadcasts, lines 149-151, and tested, line 211); that holds a model per client.
 
 FlexCFL adds client migration (Sec. 3.4): before each round, every grouped client compares its
 training label distribution with the one it had when it joined its group; beyond
@@ -33,6 +41,7 @@ more wait for the next round. The test runs only in rounds where the data moved 
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import flax.struct
 import jax
@@ -48,14 +57,18 @@ from mcfl.algorithms.clustered import (
     intra_cluster_distance,
     reassign,
 )
+from mcfl.algorithms.cold_start import (
+    PRETRAINS,
+    continues,
+    group_models_going_on,
+    pretrain,
+    received_models,
+    round_start,
+    with_pretraining,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
-from mcfl.engine import (
-    RoundClients,
-    segment_mean,
-    train_and_aggregate,
-    train_and_collect,
-)
+from mcfl.engine import segment_mean, train_and_aggregate
 from mcfl.errors import ConfigError
 from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
@@ -63,6 +76,7 @@ from mcfl.settings import setting
 MEASURES = ("edc", "madc", "random")
 NEWCOMERS = ("similar", "random")
 MIGRATIONS = ("label", "counts")
+EVALUATIONS = ("current", "last_received")
 
 
 def label_counts(data) -> jax.Array:
@@ -95,6 +109,8 @@ class GroupState(flax.struct.PyTreeNode):
     joined_labels: jax.Array  # [C, num_classes] label counts when each client joined its group
     migration_pending: jax.Array  # bool: more clients moved than one round could migrate
     sizes: jax.Array  # [K] clients in each group (kept with `reassign`)
+    # [C, ...] the model each client started its last round from (evaluate_with=last_received)
+    received: object = None
 
 
 def group_of_updates(updates: jax.Array, num_groups: int, measure: str, key) -> jax.Array:
@@ -133,8 +149,25 @@ class FedGroupParams:
     newcomers: str = setting("similar", "a newcomer joins the most similar group after "
                              "pre-training, or a random one without pre-training (the RAC "
                              "ablation)", choices=NEWCOMERS)
+    pretrain: str = setting("epoch", "a cold start's pre-training from W_0: epoch (the paper, "
+                            "Sec. 3.4: one local epoch, then the client goes on for its other "
+                            "E - 1 epochs in the same round) | full (the whole local training, "
+                            "then E epochs from its group's model: mcfl's earlier form, neither "
+                            "the paper's nor the authors' code's)", choices=PRETRAINS)
+    pretrain_steps: Optional[int] = setting(None, "pre-train N mini-batch steps from W_0 "
+                                            "instead of the paper's epoch, then train E epochs "
+                                            "from the group's model (the authors' code: 50); "
+                                            "none: --pretrain", minimum=1)
+    evaluate_with: str = setting("current", "the model a client is evaluated with: current "
+                                 "(its group's now) | last_received (the one it started its "
+                                 "last round from: the authors' code; a model per client)",
+                                 choices=EVALUATIONS)
 
     def check(self, config) -> None:
+        if self.pretrain == "full" and self.pretrain_steps is not None:
+            raise ConfigError(f"pretrain_steps replaces the paper's pre-training epoch; give "
+                              f"it or pretrain=full, not both (got pretrain_steps="
+                              f"{self.pretrain_steps})")
         needed = self.pretrain_scale * config.clusters
         if config.clients is not None and needed > config.clients:
             raise ConfigError(
@@ -151,9 +184,10 @@ class FlexCFLParams(FedGroupParams):
 
 @register("fedgroup", FedGroupParams, clustered=True,
           reference="Duan et al., 2021, FlexCFL (FedGroup: without migration)",
-          summary="group cold start: alpha*K clients pre-train from W_0 and are grouped by EDC "
-          "(or MADC); newcomers pre-train when first sampled and join the most similar group; "
-          "FedAvg per group, optional inter-group aggregation (eta_g)")
+          summary="group cold start: alpha*K clients pre-train from W_0 (one epoch, then they "
+          "go on for the round's other E - 1) and are grouped by EDC (or MADC); newcomers "
+          "pre-train when first sampled and join the most similar group; FedAvg per group, "
+          "optional inter-group aggregation (eta_g)")
 def fedgroup(context: AlgorithmContext, migrates: bool = False,
              name: str = "fedgroup") -> FederatedAlgorithm:
     """FedGroup with K = ``context.num_clusters`` groups found from pretrain_scale * K
@@ -162,41 +196,48 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
     model, clients_per_round = context.model, context.clients_per_round
     num_groups = context.num_clusters
 
-    def pretrain(data, key, w0, clients, hp, active=None):
-        """[S, d] pre-training updates dW of `clients`, each trained from W_0 (only the
-        `active` ones train; the others' rows are zeros)."""
-        trained, _ = train_and_collect(hp.training, data, key, stack(w0),
-                                       RoundClients(clients, jnp.zeros_like(clients), active))
-        return flat_models(trained) - ravel_pytree(w0)[0][None], trained
-
     def init(data, key, hp):
         init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
         w0 = model.init(init_key)
         m = hp.params.pretrain_scale * num_groups
         cold = sample_clients(pick_key, data.num_clients, m)
-        updates, trained = pretrain(data, train_key, w0, cold, hp)
+        updates, trained, taken, _ = pretrain(data, train_key, w0, cold, hp)
         labels = group_of_updates(updates, num_groups, hp.params.measure, group_key)
-        models = cluster_means(trained, labels, num_groups)
-        directions = flat_models(models) - ravel_pytree(w0)[0][None]
+        if continues(hp.params):
+            models = group_models_going_on(data, jax.random.fold_in(train_key, 1), trained, cold,
+                                           taken, labels, num_groups, hp)
+            directions = cluster_means(updates, labels, num_groups)
+        else:
+            models = cluster_means(trained, labels, num_groups)
+            directions = flat_models(models) - ravel_pytree(w0)[0][None]
         assignment = jnp.full((data.num_clients,), -1, jnp.int32).at[cold].set(labels)
+        last = hp.params.evaluate_with == "last_received"
+        received = stack(w0, data.num_clients) if last else None
         return GroupState(models, directions, assignment, w0, jnp.zeros((), jnp.int32),
                           jnp.float32(m), label_counts(data), jnp.zeros((), bool),
-                          cluster_sizes(assignment, num_groups))
+                          cluster_sizes(assignment, num_groups), received)
 
     def join(state, data, key, clients, active, hp):
         """Groups the `active` clients join after pre-training from W_0: argmin_g (1 - cos) / 2
         (computed only in rounds with at least one, under `lax.cond`); under RAC, random
-        groups without pre-training."""
+        groups without pre-training. Also their pre-trained models [S, ...] when they go on
+        from them (the paper; else None), pre-training steps [S] and summed losses [S]."""
+        none, zero = jnp.zeros_like(clients), jnp.zeros(clients.shape, jnp.float32)
         if hp.params.newcomers == "random":
-            return jax.random.randint(key, clients.shape, 0, num_groups, jnp.int32)
+            groups = jax.random.randint(key, clients.shape, 0, num_groups, jnp.int32)
+            return groups, None, none, zero
+        keep = continues(hp.params)
 
         def pretrain_and_join(_):
-            updates, _ = pretrain(data, key, state.w0, clients, hp, active)
+            updates, trained, taken, losses = pretrain(data, key, state.w0, clients, hp, active)
             cos = cosine_similarity(updates, state.directions)  # [S, K]
-            return jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
+            groups = jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
+            return groups, trained if keep else None, taken, losses
 
-        return jax.lax.cond(jnp.any(active), pretrain_and_join,
-                            lambda _: jnp.zeros_like(clients), None)
+        def nobody(_):
+            return none, stack(state.w0, clients.shape[0]) if keep else None, none, zero
+
+        return jax.lax.cond(jnp.any(active), pretrain_and_join, nobody, None)
 
     def migrate(state, data, key, hp):
         """Redo the cold start of up to S clients whose label distribution moved (FlexCFL)."""
@@ -206,7 +247,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         moved = (state.assignment >= 0) & (shift > tau)
         batch = jnp.argsort(~moved, stable=True)[:clients_per_round].astype(jnp.int32)
         valid = moved[batch]
-        groups = jnp.where(valid, join(state, data, key, batch, valid, hp),
+        groups = jnp.where(valid, join(state, data, key, batch, valid, hp)[0],
                            state.assignment[batch])
         assignment, sizes = reassign(state.assignment, state.sizes, batch, groups)
         target = jnp.where(valid, batch, data.num_clients)  # out of range: dropped
@@ -227,36 +268,47 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         clients = round_clients(data, sample_key, clients_per_round)
         current = state.assignment[clients]
         newcomer = current < 0
-        joined = join(state, data, cold_key, clients, newcomer, hp)
+        joined, pretrained, taken, losses = join(state, data, cold_key, clients, newcomer, hp)
         group = jnp.where(newcomer, joined, current)
         weights = data.train_counts[clients]
+        goes_on = pretrained is not None
+        start_models, selection = round_start(state.models, pretrained, clients, group,
+                                              newcomer, taken, weights, hp.training)
         sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, train_key, state.models, RoundClients(clients, group), weights,
-            group, num_groups)
+            hp.training, data, train_key, start_models, selection, weights, group, num_groups)
         # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.
         models = inter_group_aggregation(segment_mean(sums, weight_sums, state.models),
                                          hp.params.eta_g)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, group)
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(
             label_counts(data)[clients], mode="drop")
-        metrics = training_metrics(weights, stats)
-        # Newcomers download W_0 and upload dW once (not under RAC: they pre-train nothing);
-        # the group cold start is counted in round 1.
-        joining = 0 if hp.params.newcomers == "random" else jnp.sum(newcomer) + migrated
-        cold = jnp.asarray(joining, jnp.float32) + jnp.where(
-            state.round == 0, state.cold_start_models, 0.0)
-        metrics["models_down"] = metrics["models_down"] + cold
-        metrics["models_up"] = metrics["models_up"] + cold
+        metrics = training_metrics(weights, with_pretraining(stats, taken, losses, goes_on))
+        # A pre-training client downloads W_0 and uploads dW once (not under RAC: newcomers
+        # pre-train nothing); going on from it (the paper), it downloads no group model and
+        # also uploads its trained model. The group cold start is counted in round 1.
+        random = hp.params.newcomers == "random"
+        joining = jnp.float32(0) if random else jnp.sum(newcomer).astype(jnp.float32)
+        migrating = jnp.float32(0) if random else migrated.astype(jnp.float32)
+        first = jnp.where(state.round == 0, state.cold_start_models, 0.0)
+        up = joining + migrating + first * (2.0 if continues(hp.params) else 1.0)
+        down = up - (joining if goes_on else 0.0) - (first if continues(hp.params) else 0.0)
+        metrics["models_down"] = metrics["models_down"] + down
+        metrics["models_up"] = metrics["models_up"] + up
         metrics["intra_cluster_distance"] = intra_cluster_distance(
             sums, weight_sums, stats, weights)
         metrics["num_clusters"] = cluster_count(sizes)
         metrics["unassigned_clients"] = (data.num_clients - jnp.sum(sizes)).astype(jnp.float32)
         metrics["migrated_clients"] = migrated.astype(jnp.float32)
+        received = None if state.received is None else received_models(
+            state.received, state.models, state.w0, clients, group, newcomer, goes_on)
         new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
-                                  round=state.round + 1, joined_labels=joined_labels)
+                                  round=state.round + 1, joined_labels=joined_labels,
+                                  received=received)
         return new_state, metrics
 
     def client_models(state):
+        if state.received is not None:  # last_received: each client its own
+            return state.received, jnp.arange(state.assignment.shape[0], dtype=jnp.int32)
         # Clients outside every group are evaluated with W_0, appended as model K.
         models = jax.tree.map(lambda g, w: jnp.concatenate([g, w[None]]), state.models, state.w0)
         return models, jnp.where(state.assignment < 0, num_groups, state.assignment)
