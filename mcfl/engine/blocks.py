@@ -141,6 +141,15 @@ def map_blocks(block_fn: Callable, inputs: dict, block_size: int) -> PyTree:
     return _unblock(out, size)
 
 
+LOOP_SCOPE = "mcfl_loop_"
+
+
+def loop_scope(length_key: str):
+    """The name scope of a loop over a client's `length_key` iterations (its local steps, its
+    chunks of rows): `mcfl.cost` finds its loops by it, to count each as often as it runs."""
+    return jax.named_scope(LOOP_SCOPE + length_key)
+
+
 def by_length(one_client: Callable, length_key: str) -> Callable:
     """A block function from `one_client(inp, loop_length, alone)`, which does one client's
     work in `loop_length` iterations: vmapped over the block with the block's longest
@@ -148,11 +157,12 @@ def by_length(one_client: Callable, length_key: str) -> Callable:
     runs without vmap (whose batch-of-one matmuls are slow on CPU) with its own length and
     ``alone=True`` (nothing to mask)."""
     def block_fn(block):
-        if block[length_key].shape[0] == 1:
-            one = jax.tree.map(lambda x: x[0], block)
-            return jax.tree.map(lambda x: x[None], one_client(one, one[length_key], True))
-        return jax.vmap(one_client, in_axes=(0, None, None))(
-            block, jnp.max(block[length_key]), False)
+        with loop_scope(length_key):
+            if block[length_key].shape[0] == 1:
+                one = jax.tree.map(lambda x: x[0], block)
+                return jax.tree.map(lambda x: x[None], one_client(one, one[length_key], True))
+            return jax.vmap(one_client, in_axes=(0, None, None))(
+                block, jnp.max(block[length_key]), False)
 
     return block_fn
 

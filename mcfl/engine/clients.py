@@ -20,6 +20,7 @@ from mcfl.engine.blocks import (
     BlockSums,
     block_size_for,
     by_length,
+    loop_scope,
     map_clients,
     reduce_clients,
 )
@@ -166,6 +167,7 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
     start = jax.tree.map(lambda m: m[0], start_models) if shared else start_models
 
     def block_fn(block):
+        @loop_scope("steps")
         def train(loop_length):
             return lowrank.train_block(
                 layers, training.lr, training.mu, training.batch_size, capacity, data, key,

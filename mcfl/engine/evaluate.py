@@ -174,6 +174,7 @@ def _evaluate_by_client(apply_fn, data, models, model_index, block_size, eval_ba
     inputs = {
         "client": clients,
         "model": model_index.astype(jnp.int32),
-        "chunks": ceil_div(counts[clients], eval_batch),
+        "eval_chunks": ceil_div(counts[clients], eval_batch),
     }
-    return map_clients(by_length(one_client, "chunks"), inputs, inputs["chunks"], block_size)
+    return map_clients(by_length(one_client, "eval_chunks"), inputs, inputs["eval_chunks"],
+                       block_size)
