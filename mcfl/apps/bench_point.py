@@ -57,10 +57,16 @@ class Point:
     # clients training each round: a count (capped at `clients`) or a fraction; 1.0 = all
     clients_per_round: float | int = 1.0
     conv: str = "auto"  # how the CNN computes its convolutions (RunConfig.conv)
+    block_size: Optional[int] = None  # clients per vmapped block (None: the planned rule)
+    members: int = 0  # > 0: a sweep of this many seeds as one program (`mcfl.sweep`)
+    label: str = ""  # the point's name in a suite (`mcfl.apps.bench_suite`)
+    plan: bool = False  # also record `mcfl plan`'s lower bound on a round for this device
 
     @property
     def kind(self) -> str:
-        return "clustering" if self.algorithm == CLUSTERING else "train"
+        if self.algorithm == CLUSTERING:
+            return "clustering"
+        return "sweep" if self.members > 0 else "train"
 
     @property
     def local_steps(self) -> int:
@@ -175,6 +181,7 @@ def training_config(point: Point) -> RunConfig:
         local_steps=point.local_steps,
         clients_per_round=per_round,
         conv=point.conv,
+        block_size=point.block_size,
         eval_every=point.rounds,
         clusters=point.clusters,
         **extra,
@@ -266,7 +273,52 @@ def _measure_training(point: Point) -> dict:
             "backend": summary["backend"],
             "device": summary["device"],
             "config": summary["config"],  # the full run config, to reproduce the point
+            **(_planned(config, dataset) if point.plan else {}),
         }
+
+    return _timed_phases(build, work)
+
+
+def _planned(config: RunConfig, dataset) -> dict:
+    """`mcfl plan`'s lower bound on a round of `config` on this machine's device (`cpu-here`
+    on a CPU), to print beside the measured round."""
+    from mcfl import memory
+    from mcfl.estimate import bound_on, estimate_run
+    from mcfl.targets import TARGETS, for_device, measure_cpu
+
+    name = for_device(jax.devices()[0])
+    target = measure_cpu(memory.host_available()) if name == "cpu-here" else TARGETS.get(name)
+    if target is None:
+        return {"plan_target": None}
+    estimate = estimate_run(config, dataset)
+    bound = bound_on(estimate, target, getattr(config, "precision", "float32"))
+    return {"plan_target": name, "plan_round_seconds": bound.round_seconds,
+            "plan_bound_by": bound.limit, "plan_round_flops": estimate.program("round").cost.flops,
+            "plan_round_bytes": estimate.program("round").cost.bytes}
+
+
+def _measure_sweep(point: Point) -> dict:
+    """A sweep of `members` seeds as one program: its second call's seconds per round (the
+    first compiles), and per member-round."""
+    from mcfl.sweeps import sweep
+
+    config = training_config(point)
+
+    def build():
+        return benchmark_dataset(point.clients, FEATURES[point.model], point.rows_per_client,
+                                 seed=point.seed)
+
+    def work(dataset) -> dict:
+        walls = []
+        for _ in range(2):  # the second call reuses the first one's programs
+            start = time.perf_counter()
+            sweep(config, seeds=point.members, dataset=dataset)
+            walls.append(time.perf_counter() - start)
+        per_round = walls[-1] / point.rounds
+        return {"first_round_seconds": walls[0] / point.rounds, "seconds_per_round": per_round,
+                "seconds_per_member_round": per_round / point.members,
+                "sweep_seconds": walls, "clients_per_round": config.clients_per_round,
+                "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind)}
 
     return _timed_phases(build, work)
 
@@ -321,7 +373,8 @@ def _measure_clustering(point: Point) -> dict:
 
 def measure_point(point: Point) -> dict:
     """Measure `point` in this process; returns its record (settings plus measurements)."""
-    measure = _measure_clustering if point.kind == "clustering" else _measure_training
+    measure = {"clustering": _measure_clustering, "sweep": _measure_sweep,
+               "train": _measure_training}[point.kind]
     return {**point_settings(point), "status": "ok", **measure(point)}
 
 

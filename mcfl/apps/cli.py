@@ -1,5 +1,5 @@
 """The `mcfl` command line: `mcfl run`, `mcfl sweep`, `mcfl reproduce`, `mcfl data`,
-`mcfl compare`, `mcfl plot`, `mcfl select-k`, `mcfl demo`, `mcfl bench`.
+`mcfl compare`, `mcfl plot`, `mcfl select-k`, `mcfl demo`, `mcfl plan`, `mcfl bench`.
 
 Every setting of `RunConfig` and every hyperparameter of a registered algorithm is a flag
 (``local_epochs`` -> ``--local-epochs``, ``fesem_lambda`` -> ``--fesem-lambda``), with its help
@@ -18,6 +18,7 @@ import threading
 from typing import Optional
 
 from mcfl.apps import bench
+from mcfl.apps.bench_suite import SUITES
 from mcfl.apps.commands import (
     cmd_bench,
     cmd_compare,
@@ -43,11 +44,14 @@ from mcfl.apps.flags import (
     check_cache_dir,
     setup_compile_cache,
 )
+from mcfl.apps.plan_command import cmd_plan
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.data.export import FORMATS
 from mcfl.errors import ConfigError, McflError
 from mcfl.memory import out_of_memory
 from mcfl.settings import TextParser
+from mcfl.targets import DEFAULT as DEFAULT_TARGETS
+from mcfl.targets import NAMES
 
 
 def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +87,20 @@ def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
                         "initialisation runs it) at every client count")
     parser.add_argument("--out", default="runs/bench", metavar="DIR",
                         help="where bench.json and bench.png go (default %(default)s)")
+    parser.add_argument("--suite", choices=SUITES,
+                        help="accelerator: the GPU / TPU workloads in one folder (FedAvg MLP "
+                        "10,000 clients a round, the FMNIST CNN 20 and 200 a round, --conv xla "
+                        "against matmul, sweeps of 1 / 8 / 32 members, FeSEM at 1,000,000 "
+                        "clients, block sizes, FlexCFL's FashionMNIST-CNN table cells), each "
+                        "beside mcfl plan's bound; the sweep flags above are ignored")
+    parser.add_argument("--tiny", action="store_true",
+                        help="with --suite: every workload at test size (minutes on a CPU)")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="with --suite: the folder of Fashion-MNIST's IDX files for the "
+                        "table cells (default: Debian's)")
+    parser.add_argument("--only", metavar="LABELS",
+                        help="with --suite: only workloads whose labels start with these "
+                        "(comma-separated, e.g. cnn,table)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,6 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--clients", type=int, default=None, help="override the demo's clients")
     add_compile_cache_flag(p_demo)
     p_demo.set_defaults(func=cmd_demo)
+
+    p_plan = sub.add_parser(
+        "plan", help="what a run needs (FLOPs, bytes, memory, sizes) and, for GPUs and TPUs, "
+        "whether it fits and the least time it can take; builds the programs, trains nothing")
+    add_config_flags(p_plan)
+    add_cache_flags(p_plan)
+    p_plan.add_argument("--target", action="append", metavar="NAME",
+                        help="machines to size the run for (repeatable or comma-separated): "
+                        f"{', '.join(NAMES)}, all (default {','.join(DEFAULT_TARGETS)})")
+    p_plan.add_argument("--json", action="store_true", help="print JSON")
+    p_plan.set_defaults(func=cmd_plan)
 
     p_bench = sub.add_parser(
         "bench", help="round time, samples/s and peak memory against the number of clients"

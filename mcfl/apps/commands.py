@@ -338,6 +338,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.suite is not None:
+        return _bench_suite(args)
+    if args.tiny or args.only or args.data_dir:
+        raise ConfigError("--tiny, --only and --data-dir go with --suite accelerator")
     algorithms = bench.parse_names(args.algorithms, algorithm_names(), "algorithm")
     models = bench.parse_names(args.models, tuple(FEATURES), "model")
     clients = bench.parse_counts(args.clients) if args.clients else bench.DEFAULT_CLIENTS
@@ -361,4 +365,26 @@ def cmd_bench(args) -> int:
     bench.run_sweep(points, out, args.timeout, skipped,
                     report=lambda record: print(bench.format_row(record), flush=True))
     print(f"plot: {out}/bench.png")
+    return 0
+
+
+def _bench_suite(args) -> int:
+    from mcfl.apps.bench_suite import run_suite
+
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    only = tuple(split_list(args.only, "--only", "cnn,table")) if args.only else ()
+    out = Path(args.out)
+    where = "in this process" if args.tiny else "each in its own process"
+    print(f"suite {args.suite}{' (tiny)' if args.tiny else ''}: workloads {where}; results in "
+          f"{out}/bench.json and {out}/summary.md", flush=True)
+
+    def report(record: dict) -> None:
+        took = record.get("seconds_per_round")
+        status = ("ok" if record["status"] == "ok" else f"FAILED: {record.get('error')}")
+        print(f"{record['label']:<24} {'' if took is None else f'{took:.4f} s/round':<16} "
+              f"{status}", flush=True)
+
+    run_suite(out, args.tiny, only, args.timeout, report, args.data_dir)
+    print(f"summary: {out}/summary.md")
     return 0

@@ -1,0 +1,141 @@
+"""`mcfl plan`: what a run needs (work, memory, sizes) and, for each named machine, whether it
+fits and the least time a round and the run can take there (`mcfl.estimate`), without training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Optional
+
+from mcfl import memory
+from mcfl.apps.flags import cache_dir_from_args, config_from_args
+from mcfl.errors import choice_error
+from mcfl.estimate import RunEstimate, TargetBound, bound_on, estimate_run
+from mcfl.settings import split_list
+from mcfl.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
+
+
+def parse_targets(text: Optional[Sequence[str]]) -> tuple[str, ...]:
+    """`--target` values (repeated or comma-separated; 'all') -> target names, checked."""
+    if not text:
+        return DEFAULT
+    names: list[str] = []
+    for item in text:
+        for name in split_list(item, "--target", "t4"):
+            if name == "all":
+                names.extend(NAMES)
+            elif name not in NAMES:
+                raise choice_error("target", name, NAMES + ("all",))
+            else:
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def targets_of(names: Sequence[str]) -> list[Target]:
+    return [measure_cpu(memory.host_available()) if name == CPU_HERE else TARGETS[name]
+            for name in names]
+
+
+def cmd_plan(args) -> int:
+    names = parse_targets(args.target)
+    config = config_from_args(args)
+    start = time.perf_counter()
+    estimate = estimate_run(config, cache_dir=cache_dir_from_args(args))
+    bounds = [bound_on(estimate, t, getattr(estimate.config, "precision", "float32"))
+              for t in targets_of(names)]
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(plan_document(estimate, bounds, seconds), indent=1))
+    else:
+        print(format_plan(estimate, bounds, seconds))
+    return 0
+
+
+def _size(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f}"
+
+
+def _time(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.3g} h"
+    if s >= 60:
+        return f"{s / 60:.3g} min"
+    if s >= 1:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms"
+
+
+def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float) -> str:
+    c = estimate.config
+    lines = [
+        f"{c.algorithm} on {estimate.dataset}: {estimate.clients:,} clients, "
+        f"{estimate.clients_per_round:,} a round, {c.rounds} rounds; model {c.model} "
+        f"({estimate.params:,} parameters)",
+        f"data {_size(estimate.data_bytes)}, run state {_size(estimate.state_bytes)}, "
+        f"client store {estimate.store} ({_size(estimate.stored_bytes)} stored)",
+        "",
+        f"{'program':<9} {'calls':>6} {'FLOPs':>9} {'of which matmul':>15} {'bytes moved':>11} "
+        f"{'XLA FLOPs':>9} {'memory here':>11}",
+    ]
+    for p in estimate.programs:
+        xla = _count(p.xla["flops"]) if "flops" in p.xla else "-"
+        lines.append(f"{p.name:<9} {p.calls:>6,} {_count(p.cost.flops):>9} "
+                     f"{_count(p.cost.matmul_flops):>15} {_size(p.cost.bytes):>11} {xla:>9} "
+                     f"{_size(p.footprint):>11}")
+    run = estimate.run_cost
+    lines.append(f"{'run':<9} {'':>6} {_count(run.flops):>9} {_count(run.matmul_flops):>15} "
+                 f"{_size(run.bytes):>11}")
+    loops = max(p.cost.while_loops for p in estimate.programs)
+    lines += [
+        "(FLOPs and bytes per call, counted on the programs with every loop run as often as it "
+        "runs; XLA's own analysis counts each loop body once."
+        + (f" {loops} data-dependent loop(s) counted once." if loops else "") + ")",
+        f"memory here: XLA's memory analysis on {estimate.backend}",
+        "",
+        f"{'target':<10} {'devices':>7} {'needs/device':>12} {'has':>9} {'fits':>4} "
+        f"{'round >=':>9} {'run >=':>9}  bound by",
+    ]
+    for b in bounds:
+        fits = "?" if b.fits is None else ("yes" if b.fits else "NO")
+        lines.append(f"{b.target.name:<10} {b.target.devices:>7} {_size(b.need_bytes):>12} "
+                     f"{_size(b.target.memory):>9} {fits:>4} {_time(b.round_seconds):>9} "
+                     f"{_time(b.run_seconds):>9}  {b.limit}")
+    lines += [
+        "(times: roofline lower bounds, the larger of FLOPs at peak and bytes at bandwidth; "
+        "BENCHMARKS.md says how far measured rounds were above them)",
+        f"planned in {seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float) -> dict:
+    """`mcfl plan --json`: the same figures, machine-readable."""
+    return {
+        "config": estimate.config.to_dict(),
+        "dataset": estimate.dataset, "params": estimate.params, "clients": estimate.clients,
+        "clients_per_round": estimate.clients_per_round, "data_bytes": estimate.data_bytes,
+        "state_bytes": estimate.state_bytes, "store": estimate.store,
+        "stored_bytes": estimate.stored_bytes, "backend": estimate.backend,
+        "programs": {p.name: {"calls": p.calls, **p.cost._asdict(), "xla": p.xla,
+                              "footprint_bytes": p.footprint} for p in estimate.programs},
+        "targets": {b.target.name: {"devices": b.target.devices, "need_bytes": b.need_bytes,
+                                    "memory_bytes": b.target.memory, "fits": b.fits,
+                                    "round_seconds": b.round_seconds,
+                                    "run_seconds": b.run_seconds, "bound_by": b.limit,
+                                    "source": b.target.source} for b in bounds},
+        "plan_seconds": seconds,
+    }

@@ -1,0 +1,175 @@
+"""What a run needs before it runs: `mcfl plan`'s work, per round and for the whole run.
+
+`estimate_run` builds the run's programs exactly as `mcfl.run` would (its plan, its client
+store, its block sizes), compiles them for this machine without training, and counts:
+
+* the work of each program (`mcfl.cost`: FLOPs and a lower bound on bytes moved, every loop
+  body counted as often as it runs), beside XLA's own cost analysis, which counts loop bodies
+  once;
+* the memory each compiled program holds while it runs here (XLA's memory analysis:
+  arguments, results and temporaries, less what a donated argument lends);
+* the sizes of the data, the model, the client state and the store the run would use.
+
+`bound_on(estimate, target)` turns them into a target's fit and a roofline lower bound on time:
+a round cannot take less than its matrix FLOPs at the target's peak, its other FLOPs at its
+vector rate, or its bytes at its bandwidth (Williams, Waterman and Patterson, "Roofline",
+CACM 2009). The bound says what a run cannot beat; how far real rounds are above it is
+measured in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import jax
+import numpy as np
+
+from mcfl import engine
+from mcfl.config import RunConfig
+from mcfl.cost import Cost, traced_cost, xla_cost
+from mcfl.data import FederatedDataset, load_dataset, with_all_users
+from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
+from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
+from mcfl.plan import plan_run, run_keys
+from mcfl.program import footprint
+from mcfl.store import run_program
+from mcfl.targets import Target
+
+
+class ProgramEstimate(NamedTuple):
+    name: str  # init | round | evaluate
+    calls: int  # in the whole run
+    cost: Cost  # of one call
+    xla: dict  # XLA's cost analysis of one call (loop bodies once)
+    footprint: Optional[int]  # bytes it holds while it runs here (None: unknown)
+
+
+class RunEstimate(NamedTuple):
+    config: RunConfig
+    dataset: str
+    params: int  # model parameters
+    clients: int
+    clients_per_round: int
+    data_bytes: int  # the client data on the device
+    state_bytes: int  # the run's state between rounds (client state included)
+    store: str  # where client state lives (device | host | disk) and why
+    stored_bytes: int  # what the store holds (0: nothing per client)
+    programs: tuple[ProgramEstimate, ...]
+    backend: str  # where the footprints were measured
+
+    def program(self, name: str) -> ProgramEstimate:
+        return next(p for p in self.programs if p.name == name)
+
+    @property
+    def run_cost(self) -> Cost:
+        total = Cost()
+        for p in self.programs:
+            total += p.cost.times(p.calls)
+        return total
+
+    @property
+    def peak_bytes(self) -> Optional[int]:
+        sizes = [p.footprint for p in self.programs]
+        return None if None in sizes else max(sizes)
+
+
+class TargetBound(NamedTuple):
+    target: Target
+    need_bytes: Optional[float]  # per device
+    fits: Optional[bool]
+    round_seconds: float  # roofline lower bound on one round
+    run_seconds: float  # ... on the whole run
+    limit: str  # matmul | vector | memory: what bounds the round
+
+
+def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
+                 cache_dir: Optional[str | Path] = None) -> RunEstimate:
+    """Build and compile `config`'s programs here, run nothing, and count what they need."""
+    if dataset is None:
+        config, dataset = with_all_users(config, cache_dir)
+        if dataset is None:
+            dataset = load_dataset(config, cache_dir)
+    elif config.clients is None:
+        config = config.replace(clients=dataset.num_clients)
+    plan = plan_run(config, dataset)
+    data = dataset.arrays
+    init_key, rounds_key = run_keys(config.seed)
+    program, store = run_program(config, plan, data, None)
+    try:
+        values = {}
+        program.compile_init(values, init_key, data)
+        state = jax.eval_shape(program._init, values, init_key, data)
+        program.compile_rounds(values, state, rounds_key, data)
+        first = jax.ShapeDtypeStruct((), np.int32)
+        trips = client_loop_trips(config, dataset)
+        with engine.planned_block_size(plan.train_block):
+            init_cost = traced_cost(program._init, values, init_key, data, trips=trips)
+            round_costs = {count: traced_cost(fn, values, state, data, rounds_key, first,
+                                              trips=trips)
+                           for count, fn in program._rounds.items()}
+            eval_cost = traced_cost(program._evaluate, values, state, data, trips=trips)
+        compiled = {name: executable for name, (_, executable) in program._compiled.items()}
+        # a scanned run's chunk counts `count` rounds: a round is its share
+        count = max(round_costs, key=lambda c: sum(1 for _, n in program.chunks if n == c))
+        per_round = round_costs[count].times(1 / count)
+        programs = (
+            ProgramEstimate("init", 1, init_cost, xla_cost(compiled["init"]),
+                            footprint(compiled["init"])),
+            ProgramEstimate("round", config.rounds, per_round, xla_cost(compiled[count]),
+                            footprint(compiled[count])),
+            ProgramEstimate("evaluate", len(program.chunks), eval_cost,
+                            xla_cost(compiled["evaluate"]), footprint(compiled["evaluate"])),
+        )
+    finally:
+        program.close()
+    return RunEstimate(
+        config=config, dataset=dataset.name, params=plan.params_count,
+        clients=dataset.num_clients, clients_per_round=plan.clients_per_round,
+        data_bytes=_tree_bytes(data), state_bytes=_tree_bytes(state),
+        store=f"{store.kind}: {store.reason}", stored_bytes=store.stored_bytes,
+        programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
+
+
+def client_loop_trips(config: RunConfig, dataset: FederatedDataset) -> dict[str, float]:
+    """The mean iterations of each client loop (`mcfl.cost`), from the clients' row counts:
+    local steps (E x ceil(n_i / B), or the fixed count), chunks of training rows (full-batch
+    gradients) and chunks of test rows (evaluation)."""
+    train = np.asarray(dataset.train_counts(), np.float64)
+    test = np.asarray(dataset.test_counts(), np.float64)
+    steps = (np.full_like(train, config.local_steps) if config.local_steps is not None
+             else config.local_epochs * np.ceil(train / config.batch_size))
+    return {"steps": float(steps.mean()),
+            "chunks": float(np.ceil(train / CLIENT_ROWS_CHUNK).mean()),
+            "eval_chunks": float(np.ceil(test / DEFAULT_EVAL_BATCH).mean())}
+
+
+def bound_on(estimate: RunEstimate, target: Target, precision: str = "float32") -> TargetBound:
+    """`target`'s fit and roofline lower bound for `estimate` (module docstring). Clients are
+    dealt over the target's devices (`--devices`); the data are replicated on each."""
+    devices = target.devices
+    peak = estimate.peak_bytes
+    need = None
+    if peak is not None:
+        device_share = max(0, peak - estimate.data_bytes)
+        if not estimate.store.startswith("device"):
+            device_share = max(0, device_share - estimate.stored_bytes)
+        need = estimate.data_bytes + device_share / devices
+    matmul_rate = target.matmul_bf16 if precision == "bfloat16" else target.matmul_f32
+
+    def seconds(cost: Cost) -> tuple[float, str]:
+        parts = {"matmul": cost.matmul_flops / matmul_rate,
+                 "vector": (cost.flops - cost.matmul_flops) / target.vector,
+                 "memory": cost.bytes / target.bandwidth}
+        limit = max(parts, key=parts.get)
+        return parts[limit] / devices, limit
+
+    round_seconds, limit = seconds(estimate.program("round").cost)
+    run_seconds = sum(seconds(p.cost)[0] * p.calls for p in estimate.programs)
+    return TargetBound(target, need, None if need is None else need <= target.memory,
+                       round_seconds, run_seconds, limit)
+
+
+def _tree_bytes(tree) -> int:
+    return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))

@@ -1,0 +1,122 @@
+"""`mcfl plan`: the counted work of programs (`mcfl.cost`), a run's estimate (`mcfl.estimate`)
+and the roofline bounds on the targets (`mcfl.targets`), checked against hand counts."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from mcfl.apps.cli import main
+from mcfl.config import RunConfig
+from mcfl.cost import Cost, traced_cost, xla_cost
+from mcfl.data import load_dataset
+from mcfl.engine.blocks import loop_scope
+from mcfl.estimate import bound_on, client_loop_trips, estimate_run
+from mcfl.targets import TARGETS, Target, for_device
+
+M, K, STEPS = 8, 16, 10
+
+
+def _scanned(x, w):
+    return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=STEPS)[0]
+
+
+def test_a_scan_counts_its_body_as_often_as_it_runs_where_xla_counts_it_once():
+    x, w = jnp.ones((M, K)), jnp.ones((K, K))
+    cost = traced_cost(jax.jit(_scanned), x, w)
+    assert cost.matmul_flops == STEPS * 2 * M * K * K
+    assert cost.flops == STEPS * (2 * M * K * K + M * K)  # + tanh, one per element
+    # every matmul reads x and w and writes its result; the program writes its result once
+    assert cost.bytes == 4 * (STEPS * (M * K + K * K + M * K) + M * K)
+    assert cost.while_loops == 0
+    xla = xla_cost(jax.jit(_scanned).lower(x, w).compile())
+    assert xla["flops"] < cost.flops / (STEPS - 1)  # what mcfl.cost exists to correct
+
+
+def _client_loop(n, x, w):
+    with loop_scope("steps"):
+        return jax.lax.fori_loop(0, n, lambda i, c: c @ w, x)
+
+
+def test_a_client_loop_takes_its_trip_count_and_another_while_loop_is_counted_once():
+    x, w = jnp.ones((M, K)), jnp.ones((K, K))
+    per_trip = 2 * M * K * K
+    counted = traced_cost(jax.jit(_client_loop), 3, x, w, trips={"steps": 7.5})
+    assert counted.matmul_flops == 7.5 * per_trip and counted.while_loops == 0
+    unknown = traced_cost(jax.jit(_client_loop), 3, x, w)
+    assert unknown.matmul_flops == per_trip and unknown.while_loops == 1
+
+
+def test_a_cond_counts_its_dearest_branch():
+    def f(p, x, w):
+        return jax.lax.cond(p, lambda: x @ w @ w, lambda: x)
+    cost = traced_cost(jax.jit(f), True, jnp.ones((M, K)), jnp.ones((K, K)))
+    assert cost.matmul_flops == 2 * 2 * M * K * K
+
+
+@pytest.fixture(scope="module")
+def fedavg_estimate():
+    config = RunConfig(algorithm="fedavg", dataset="synthetic", clients=10,
+                       clients_per_round=4, rounds=3, eval_every=1, fast_paths="off")
+    return estimate_run(config)
+
+
+def test_a_rounds_matmuls_are_its_clients_local_steps_by_hand(fedavg_estimate):
+    e = fedavg_estimate
+    trips = client_loop_trips(e.config, load_dataset(e.config))
+    # MCLR 60 -> 10, B = 10: a step's forward x @ W and backward x^T @ g, 2 * B * 60 * 10 each
+    by_hand = e.clients_per_round * trips["steps"] * 2 * (2 * 10 * 60 * 10)
+    assert by_hand <= e.program("round").cost.matmul_flops <= 1.01 * by_hand
+    assert [p.calls for p in e.programs] == [1, 3, 3]  # init, 3 rounds, evaluated each round
+    assert e.run_cost.flops == pytest.approx(sum(p.cost.flops * p.calls for p in e.programs))
+    assert all(p.footprint and p.footprint > 0 for p in e.programs)
+    assert e.params == 610 and e.store.startswith("device")
+
+
+def test_the_bound_is_the_larger_of_compute_and_memory_time(fedavg_estimate):
+    e = fedavg_estimate
+    cost = e.program("round").cost
+    slow_memory = Target("fake", "", 1, 1e12, 1e12, 1e12, 1.0, 1e12, "")
+    bound = bound_on(e, slow_memory)
+    assert bound.limit == "memory" and bound.round_seconds == pytest.approx(cost.bytes)
+    slow_matmul = Target("fake", "", 2, 1.0, 1e12, 1e12, 1e15, 1e12, "")
+    bound = bound_on(e, slow_matmul)
+    assert bound.limit == "matmul" and bound.round_seconds == pytest.approx(
+        cost.matmul_flops / 2)  # clients dealt over 2 devices
+    assert bound_on(e, slow_matmul, "bfloat16").round_seconds < bound.round_seconds
+    tiny_memory = Target("fake", "", 1, 1e12, 1e12, 1e12, 1e12, 1e3, "")
+    assert bound_on(e, tiny_memory).fits is False and bound_on(e, TARGETS["t4"]).fits
+
+
+def test_devices_are_matched_to_their_targets():
+    assert for_device(jax.devices()[0]) == "cpu-here"
+
+    class Gpu:
+        platform, device_kind = "gpu", "NVIDIA H200"
+    assert for_device(Gpu()) == "h200"
+
+
+def test_mcfl_plan_prints_the_run_and_its_targets(capsys):
+    argv = ["plan", "--dataset", "synthetic", "--clients", "10", "--rounds", "2",
+            "--no-cache", "--target", "t4,tpu-v2-8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fedavg on synthetic" in out and "610 parameters" in out
+    assert "\nt4 " in out and "\ntpu-v2-8 " in out and "cpu-here" not in out
+    assert main(argv + ["--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert set(document["targets"]) == {"t4", "tpu-v2-8"}
+    assert document["programs"]["round"]["calls"] == 2
+    assert document["targets"]["tpu-v2-8"]["devices"] == 8
+
+
+def test_an_unknown_target_is_one_line_and_exit_2(capsys):
+    assert main(["plan", "--dataset", "synthetic", "--clients", "10", "--target", "v100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'v100'" in err and "h100-80" in err
+
+
+def test_cost_adds_and_scales():
+    assert Cost(1, 1, 2, 1) + Cost(2, 0, 1, 0) == Cost(3, 1, 3, 1)
+    assert Cost(1, 1, 2, 1).times(3) == Cost(3, 3, 6, 1)
