@@ -37,6 +37,7 @@ NORM_STATES = ("global", "local")
 FAST_PATHS = ("auto", "off")
 LOW_RANK = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
+PRECISIONS = ("float32", "bfloat16")  # as mcfl.models.precision.PRECISIONS
 CLIENT_STORES = ("auto", "device", "host", "disk")
 STORE_DTYPES = ("float32", "bfloat16")
 SCORES = ("mcfl", "paper")
@@ -126,7 +127,8 @@ class EvaluationSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ExecutionSettings:
-    """How the computation runs: the same numbers whatever these are (to float rounding)."""
+    """How the computation runs: the same numbers whatever these are (to float rounding;
+    `precision` bfloat16 rounds to 8 bits of mantissa)."""
 
     scan_rounds: bool = setting(False, "run the rounds between evaluations as one lax.scan on "
                                 "the device, with no host round-trip per round (per-round "
@@ -142,6 +144,12 @@ class ExecutionSettings:
     conv: str = setting("auto", "CNN convolutions: matmul (shifted views and one matmul, 20x "
                         "faster on CPU, 1.7x on an H200) | xla (flax Conv) | auto (matmul on "
                         "CPU and GPU, xla on TPU)", choices=CONVS)
+    precision: str = setting("float32", "what the model computes in: float32 | bfloat16 "
+                             "(its matmuls, convolutions and activations, in training and "
+                             "evaluation alike, on float32 master weights; losses, gradients, "
+                             "optimizer and all aggregation stay float32; the factored dense "
+                             "paths are off; slower on CPU, see BENCHMARKS.md)",
+                             choices=PRECISIONS)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
     client_store: str = setting("auto", "where clients' kept state (Local's and personal "
@@ -340,6 +348,9 @@ def _validate(c: RunConfig) -> None:
             "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
             f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
         )
+    if c.low_rank == "on" and c.precision != "float32":
+        raise ConfigError(f"low_rank=on needs precision=float32 (the factored paths compute "
+                          f"in float32), got precision={c.precision}")
     check = getattr(c.params, "check", None)
     if check is not None:  # an algorithm's checks across settings (clients may be None)
         check(c)

@@ -54,7 +54,8 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
                         f"{where}")
     model = make_model(model_of(config.model, model), dataset.feature_shape,
                        dataset.num_classes, config.hidden, config.conv,
-                       model_args=config.model_args, fast_paths=config.fast_paths)
+                       model_args=config.model_args, fast_paths=config.fast_paths,
+                       precision=config.precision)
     init_key = jax.random.key(0)  # shapes only
     params_count = count_params(jax.eval_shape(model.init, init_key))
     per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)

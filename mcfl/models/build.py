@@ -11,6 +11,7 @@ import flax.linen as nn
 
 from mcfl.errors import ConfigError
 from mcfl.models import registry
+from mcfl.models.precision import with_precision
 from mcfl.models.spec import ModelSpec, from_module
 from mcfl.models.structure import with_fast_paths
 
@@ -69,6 +70,7 @@ def make_model(
     conv: str = "auto",
     model_args: Optional[Mapping[str, Any]] = None,
     fast_paths: str = "auto",
+    precision: str = "float32",
 ) -> ModelSpec:
     """The `ModelSpec` of `model` for inputs of `feature_shape` and `num_classes` classes.
 
@@ -76,7 +78,8 @@ def make_model(
     (``"mypkg.nets:ResNet"``), a factory ``(feature_shape, num_classes, **args) -> module``, a
     flax module, or a `ModelSpec`. `model_args` go to the factory; `hidden` and `conv` too when
     it takes them. A module is checked on the data's shapes (`spec.from_module`), and gets
-    the fast paths its structure allows (`structure.with_fast_paths`; "off": none)."""
+    the fast paths its structure allows (`structure.with_fast_paths`; "off": none), and
+    computes in `precision` (`precision.with_precision`: "bfloat16" on float32 weights)."""
     model_args = dict(model_args or {})
     settings = {"hidden": tuple(hidden), "conv": conv}
     if isinstance(model, ModelSpec):
@@ -96,7 +99,7 @@ def make_model(
                               f"the data has {tuple(feature_shape)}")
     else:
         built = from_module(built, feature_shape, num_classes, name)
-    return with_fast_paths(built, fast_paths, conv)
+    return with_precision(with_fast_paths(built, fast_paths, conv), precision)
 
 
 # A config's model when the model was given as a Python object (`mcfl.run(config, model=M)`):
