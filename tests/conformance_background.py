@@ -3,7 +3,7 @@ is mostly one core's work, so it overlaps with the other tests) with 4 forced CP
 every registered algorithm 3 rounds with the clients dealt over 4, and its programs (init,
 round) lowered for TPU and CUDA in that layout (the same 3 rounds on one device, with their
 round lowered, come from tests/test_conformance.py, which runs them anyway); a sweep (members
-vmapped) on one device and over 4.
+vmapped) on one device and over 4; FedAvg's init and round on every zoo model lowered over 4.
 Writes its results as JSON to the file named by its first argument (through a temporary file,
 so a reader never sees half), or the error to the file named by its second, for
 tests/test_devices.py."""
@@ -17,11 +17,13 @@ from pathlib import Path
 
 import jax
 from conformance_setup import (  # noqa: I001
+    ZOO,
     build_small,
     lowered,
     planted_data,
     rounds_run,
     run_summary,
+    zoo_fedavg,
 )
 
 import mcfl
@@ -41,6 +43,18 @@ def devices_run(name: str, data, devices: int) -> dict:
     return summary
 
 
+def zoo_lowered(model_name: str, devices: int) -> dict:
+    """FedAvg on a zoo model, its clients dealt over `devices`: initialised here (compiled;
+    the round only lowered, not compiled), init and round lowered for TPU and CUDA."""
+    bound, data = zoo_fedavg(model_name)
+    with jax.set_mesh(engine.client_mesh(devices)):
+        init_key, rounds_key = jax.random.split(jax.random.key(0))
+        state = jax.jit(bound.init)(data, init_key)
+        return lowered(f"fedavg on {model_name}", {
+            "init": (bound.init, (data, init_key)),
+            "round": (bound.round, (state, data, rounds_key))})
+
+
 def sweep_run(devices: int) -> dict:
     """FeSEM's lambda x 2 seeds as one sweep, its clients over `devices` devices."""
     config = mcfl.RunConfig(algorithm="fesem", clusters=2, clients=12, clients_per_round=4,
@@ -58,6 +72,8 @@ def main() -> dict:
         out[f"{name}/devices/4"] = devices_run(name, data, 4)
     for devices in (1, 4):
         out[f"sweep/devices/{devices}"] = sweep_run(devices)
+    for model_name in ZOO:
+        out[f"zoo/{model_name}/devices/4"] = zoo_lowered(model_name, 4)
     return out
 
 

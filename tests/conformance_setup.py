@@ -124,3 +124,49 @@ def write_json(path: Path, document) -> None:
     partial = path.with_suffix(f".{os.getpid()}.partial")
     partial.write_text(json.dumps(document))
     partial.replace(path)
+
+
+# model name -> (feature shape, classes, model_args): tiny versions of the zoo's models
+ZOO = {
+    "cnn-cifar": ((8, 8, 3), 10, {}),
+    "cnn-cifar-bn": ((8, 8, 3), 10, {}),
+    "resnet18-gn": ((8, 8, 3), 10, {"width": 4, "groups": 2}),
+    "char-lstm": ((6,), 80, {"units": 8, "embed": 4}),
+    "transformer-char": ((6,), 80, {"width": 8, "heads": 2, "layers": 1}),
+}
+ZOO_CLIENTS = 8
+
+
+def zoo_data(feature_shape, classes):
+    """ZOO_CLIENTS clients of 6 (or 9) train and 2 test rows of random features (images in
+    [0, 1], or character indices), labels in 4 planted label maps (the arrays)."""
+    import numpy as np
+
+    from mcfl.data.federated import from_splits
+
+    rng = np.random.default_rng(0)
+
+    def rows(per_client):
+        owner = np.repeat(np.arange(ZOO_CLIENTS), per_client)
+        if len(feature_shape) == 1:
+            x = rng.integers(0, 80, (owner.size,) + feature_shape).astype(np.float32)
+        else:
+            x = rng.uniform(0, 1, (owner.size,) + feature_shape).astype(np.float32)
+        return x, rng.integers(0, classes, owner.size), owner
+
+    sizes = np.where(np.arange(ZOO_CLIENTS) % 2 == 0, 6, 9)
+    return from_splits("tiny", rows(sizes), rows(np.full(ZOO_CLIENTS, 2)), ZOO_CLIENTS,
+                       classes, true_cluster=np.arange(ZOO_CLIENTS) % 4).arrays
+
+
+def zoo_fedavg(model_name: str, clients_per_round: int = 4):
+    """FedAvg on the tiny version of a zoo model, and its data: (`conftest.Bound`, arrays)."""
+    from conftest import algorithm
+
+    shape, classes, args = ZOO[model_name]
+    model = make_model(model_name, shape, classes, model_args=args)
+    training = LocalTraining(model.apply, batch_size=4, lr=0.05, local_steps=2,
+                             dense_layers=model.dense_layers, factored=model.factored,
+                             train_apply=model.train_apply, collections=model.collections)
+    return (algorithm("fedavg", model, training, clients_per_round, 2),
+            zoo_data(shape, classes))

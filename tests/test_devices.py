@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conformance_setup import (
+    ZOO,
     build_small,
     one_device_file,
     one_device_summary,
@@ -49,6 +50,14 @@ def test_programs_lower_for_tpu_and_cuda(name, conformance_background, shared):
     assert conformance_background()[f"{name}/devices/4"]["lowered"] == {"init": "ok",
                                                                        "round": "ok"}
     assert one_device(name, shared)["lowered"] == {"round": "ok"}
+
+
+@pytest.mark.parametrize("model_name", ZOO)
+def test_zoo_models_lower_for_tpu_and_cuda_over_four_devices(model_name, conformance_background):
+    """FedAvg's init and round on each zoo model, clients dealt over 4 devices (one device:
+    tests/test_zoo_conformance.py)."""
+    assert conformance_background()[f"zoo/{model_name}/devices/4"] == {"init": "ok",
+                                                                      "round": "ok"}
 
 
 def test_members_dealt_over_four_devices_equal_one_device(conformance_background):

@@ -9,7 +9,9 @@ default took 8 min 34 s in one process on a 2-core EPYC), too much for the suite
 so the default run (and CI) checks FedAvg (one global model) on every model, IFCA (K models
 chosen by loss) on every model but the ResNet (the costliest to compile, 30 s a case), and
 Local (a model per client) on the LSTM; ``pytest -m zoo_full tests/test_zoo_conformance.py``
-runs the rest."""
+runs the rest. Each case's initialisation and round are also lowered for TPU and CUDA on one
+device (`mcfl.lowering`); tests/test_devices.py lowers FedAvg on every zoo model with the
+clients dealt over four."""
 
 from __future__ import annotations
 
@@ -17,44 +19,17 @@ import chex
 import jax
 import numpy as np
 import pytest
-from conformance_setup import SETTINGS, scan, small_params
+from conformance_setup import SETTINGS, ZOO, lowered, scan, small_params, zoo_data
 from conftest import algorithm
 
 from mcfl.algorithms import get, names
-from mcfl.data.federated import from_splits
 from mcfl.engine import LocalTraining
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 
-# model name -> (feature shape, classes, model_args): tiny versions of the zoo's models
-ZOO = {
-    "cnn-cifar": ((8, 8, 3), 10, {}),
-    "cnn-cifar-bn": ((8, 8, 3), 10, {}),
-    "resnet18-gn": ((8, 8, 3), 10, {"width": 4, "groups": 2}),
-    "char-lstm": ((6,), 80, {"units": 8, "embed": 4}),
-    "transformer-char": ((6,), 80, {"width": 8, "heads": 2, "layers": 1}),
-}
-CLIENTS, PER_ROUND, ROUNDS = 8, 4, 2
+PER_ROUND, ROUNDS = 4, 2
 # gradient-stepping algorithms refuse a model with batch statistics (a one-line error)
 REFUSED = {("fedsgd", "cnn-cifar-bn"), ("feddane", "cnn-cifar-bn")}
-
-
-def _data(feature_shape, classes):
-    """CLIENTS clients of 6 (or 9) train and 2 test rows of random features (images in
-    [0, 1], or character indices), labels in 4 planted label maps."""
-    rng = np.random.default_rng(0)
-
-    def rows(per_client):
-        owner = np.repeat(np.arange(CLIENTS), per_client)
-        if len(feature_shape) == 1:
-            x = rng.integers(0, 80, (owner.size,) + feature_shape).astype(np.float32)
-        else:
-            x = rng.uniform(0, 1, (owner.size,) + feature_shape).astype(np.float32)
-        return x, rng.integers(0, classes, owner.size), owner
-
-    sizes = np.where(np.arange(CLIENTS) % 2 == 0, 6, 9)
-    return from_splits("tiny", rows(sizes), rows(np.full(CLIENTS, 2)), CLIENTS, classes,
-                       true_cluster=np.arange(CLIENTS) % 4).arrays
 
 
 # (model, algorithm) pairs of the default run; the others are marked zoo_full
@@ -77,7 +52,8 @@ def zoo_models():
     def get_model(name):
         if name not in built:
             shape, classes, args = ZOO[name]
-            built[name] = make_model(name, shape, classes, model_args=args), _data(shape, classes)
+            built[name] = (make_model(name, shape, classes, model_args=args),
+                           zoo_data(shape, classes))
         return built[name]
 
     return get_model
@@ -108,6 +84,10 @@ def test_every_algorithm_on_every_zoo_model(model_name, algorithm_name, zoo_mode
         rows.append(jax.device_get(metrics))
     for row in rows:
         assert all(np.isfinite(v) for v in row.values()), row
+    # The model's programs lowered for TPU and CUDA (mcfl.lowering), on one device.
+    assert lowered(f"{algorithm_name} on {model_name}", {
+        "init": (bound.init, (data, init_key)),
+        "round": (bound.round, (state, data, rounds_key))}) == {"init": "ok", "round": "ok"}
     scanned, stacked = scan(bound, state0, data, rounds_key, 1, ROUNDS)
     chex.assert_trees_all_close(scanned, state, atol=1e-5, rtol=1e-5)
     for key in rows[0]:
