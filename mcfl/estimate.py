@@ -84,8 +84,10 @@ class TargetBound(NamedTuple):
 
 
 def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
-                 cache_dir: Optional[str | Path] = None) -> RunEstimate:
-    """Build and compile `config`'s programs here, run nothing, and count what they need."""
+                 cache_dir: Optional[str | Path] = None, compile: bool = True) -> RunEstimate:
+    """Build and compile `config`'s programs here, run nothing, and count what they need.
+    Without `compile`, the programs are only traced: the counts are the same, the footprints
+    and XLA's own figures unknown (what `mcfl bench` needs beside a round it measured)."""
     if dataset is None:
         config, dataset = with_all_users(config, cache_dir)
         if dataset is None:
@@ -98,9 +100,10 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
     program, store = run_program(config, plan, data, None)
     try:
         values = {}
-        program.compile_init(values, init_key, data)
         state = jax.eval_shape(program._init, values, init_key, data)
-        program.compile_rounds(values, state, rounds_key, data)
+        if compile:
+            program.compile_init(values, init_key, data)
+            program.compile_rounds(values, state, rounds_key, data)
         first = jax.ShapeDtypeStruct((), np.int32)
         trips = client_loop_trips(config, dataset)
         with engine.planned_block_size(plan.train_block):
@@ -113,13 +116,16 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         # a scanned run's chunk counts `count` rounds: a round is its share
         count = max(round_costs, key=lambda c: sum(1 for _, n in program.chunks if n == c))
         per_round = round_costs[count].times(1 / count)
+
+        def analyses(name):  # XLA's cost and memory figures of a compiled program
+            if not compile:
+                return {}, None
+            return xla_cost(compiled[name]), footprint(compiled[name])
+
         programs = (
-            ProgramEstimate("init", 1, init_cost, xla_cost(compiled["init"]),
-                            footprint(compiled["init"])),
-            ProgramEstimate("round", config.rounds, per_round, xla_cost(compiled[count]),
-                            footprint(compiled[count])),
-            ProgramEstimate("evaluate", len(program.chunks), eval_cost,
-                            xla_cost(compiled["evaluate"]), footprint(compiled["evaluate"])),
+            ProgramEstimate("init", 1, init_cost, *analyses("init")),
+            ProgramEstimate("round", config.rounds, per_round, *analyses(count)),
+            ProgramEstimate("evaluate", len(program.chunks), eval_cost, *analyses("evaluate")),
         )
     finally:
         program.close()

@@ -53,7 +53,7 @@ def failure_message(returncode: int, stderr: str) -> str:
     return lines[-1] if lines else f"exited with code {returncode}"
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment of a child: this one, with mcfl importable even when not installed."""
     root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
@@ -69,7 +69,7 @@ def run_point(point: Point, timeout: Optional[float] = None) -> dict:
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env=_child_env())
+                              env=child_env())
     except subprocess.TimeoutExpired:
         error = f"timed out after {timeout:g} s"
     else:

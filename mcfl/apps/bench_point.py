@@ -21,15 +21,18 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from mcfl import compile_cache, settings
+from mcfl import compile_cache, memory, settings
 from mcfl.algorithms import registry
 from mcfl.algorithms.fesem import FeSEMParams
 from mcfl.clustering import kmeans
 from mcfl.config import RunConfig
 from mcfl.data.federated import DeviceRows, from_splits
+from mcfl.estimate import bound_on, estimate_run
 from mcfl.models import count_params, make_model
 from mcfl.run_folder import json_safe
 from mcfl.runner import run
+from mcfl.sweeps import sweep
+from mcfl.targets import TARGETS, for_device, measure_cpu
 
 CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone
 # Synthetic's 60 features for MCLR; MNIST-sized inputs (28 x 28) for the MLP and the CNN
@@ -282,16 +285,12 @@ def _measure_training(point: Point) -> dict:
 def _planned(config: RunConfig, dataset) -> dict:
     """`mcfl plan`'s lower bound on a round of `config` on this machine's device (`cpu-here`
     on a CPU), to print beside the measured round."""
-    from mcfl import memory
-    from mcfl.estimate import bound_on, estimate_run
-    from mcfl.targets import TARGETS, for_device, measure_cpu
-
     name = for_device(jax.devices()[0])
     target = measure_cpu(memory.host_available()) if name == "cpu-here" else TARGETS.get(name)
     if target is None:
         return {"plan_target": None}
-    estimate = estimate_run(config, dataset)
-    bound = bound_on(estimate, target, getattr(config, "precision", "float32"))
+    estimate = estimate_run(config, dataset, compile=False)
+    bound = bound_on(estimate, target, config.precision)
     return {"plan_target": name, "plan_round_seconds": bound.round_seconds,
             "plan_bound_by": bound.limit, "plan_round_flops": estimate.program("round").cost.flops,
             "plan_round_bytes": estimate.program("round").cost.bytes}
@@ -300,8 +299,6 @@ def _planned(config: RunConfig, dataset) -> dict:
 def _measure_sweep(point: Point) -> dict:
     """A sweep of `members` seeds as one program: its second call's seconds per round (the
     first compiles), and per member-round."""
-    from mcfl.sweeps import sweep
-
     config = training_config(point)
 
     def build():

@@ -10,9 +10,8 @@ so the suite itself is tested on a CPU.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
+import importlib.resources
 import json
 import subprocess
 import sys
@@ -22,8 +21,18 @@ from pathlib import Path
 from typing import Optional
 
 from mcfl import atomic
-from mcfl.apps.bench import _child_env, failure_message, plot_bench, run_point, write_json
-from mcfl.apps.bench_point import Point
+from mcfl.apps.bench import (
+    child_env,
+    failure_message,
+    machine_info,
+    plot_bench,
+    run_point,
+    write_json,
+)
+from mcfl.apps.bench_point import Point, measure_point, point_settings
+from mcfl.config import from_dict, load_file
+from mcfl.errors import McflError
+from mcfl.runner import run
 
 SUITES = ("accelerator",)
 TABLE_CELLS = ("fedavg", "ifca", "flexcfl")
@@ -39,7 +48,9 @@ def accelerator_points(tiny: bool = False) -> list[Point]:
     rounds = 2 if tiny else 5
     cnn_clients = 4 if tiny else 200
     rows = 10 if tiny else 50  # a client's training rows (one step of B = 10 when tiny)
-    members = (1, 2, 4) if tiny else (1, 8, 32)
+    # tiny: one of each repeated kind beyond the first (they share their code paths)
+    members = (1, 2) if tiny else (1, 8, 32)
+    block_sizes = BLOCK_SIZES[:1] if tiny else BLOCK_SIZES
     points = [
         Point("fedavg", "mlp", scale(10_000), rounds=rounds, label="fedavg-mlp-10k-a-round",
               plan=True),
@@ -52,60 +63,60 @@ def accelerator_points(tiny: bool = False) -> list[Point]:
                      label=f"cnn-200-conv-{conv}") for conv in ("xla", "matmul")]
     points += [Point("fedavg", "mlp", scale(1000), rounds=rounds, clients_per_round=scale(100),
                      members=m, label=f"sweep-{m}-members") for m in members]
-    points.append(Point("fesem", "mclr", scale(1_000_000), rounds=3,
+    points.append(Point("fesem", "mclr", 100 if tiny else 1_000_000, rounds=3,
                         clients_per_round=scale(1000), label="fesem-1m-clients", plan=True))
-    for size in (None, *BLOCK_SIZES):
+    for size in (None, *block_sizes):
         points.append(Point("fedavg", "mlp", scale(10_000), rounds=rounds,
                             clients_per_round=scale(1000), block_size=size,
                             label=f"block-{'rule' if size is None else size}"))
     return [dataclasses.replace(p, rows_per_client=rows) for p in points]
 
 
-def table_commands(tiny: bool = False, data_dir: Optional[str] = None
-                   ) -> dict[str, list[str]]:
-    """`mcfl run` arguments of each table cell (results in its own folder); `data_dir`: the
-    folder of Fashion-MNIST's IDX files (default: Debian's)."""
-    base = ["run", "--config", _setting_path(), "--overwrite"]
+def table_settings(tiny: bool = False, data_dir: Optional[str] = None) -> dict[str, dict]:
+    """The run settings (flat keys) of each table cell; `data_dir`: the folder of
+    Fashion-MNIST's IDX files (default: Debian's)."""
+    base = load_file(_setting_path())
     if data_dir is not None:
-        base += ["--data-dir", data_dir]
-    extra = {}
+        base["data_dir"] = data_dir
     if tiny:  # the same algorithms at test size, without Fashion-MNIST
-        base += ["--dataset", "synthetic", "--partition", "none", "--model", "mclr",
-                 "--clients", "20", "--clients-per-round", "4", "--rounds", "2",
-                 "--local-epochs", "1", "--eval-every", "1", "--clusters", "2", "--no-cache",
-                 "--embed-clients", "0"]
-        extra["flexcfl"] = ["--pretrain-scale", "2"]
-    return {name: base + ["--algorithm", name] + extra.get(name, []) for name in TABLE_CELLS}
+        base.update(dataset="synthetic", partition=None, model="mclr", clients=20,
+                    clients_per_round=4, rounds=2, local_epochs=1, eval_every=1, clusters=2,
+                    embed_clients=0)
+    cells = {name: {**base, "algorithm": name} for name in TABLE_CELLS}
+    if tiny:  # FlexCFL's cold start needs pretrain_scale * K clients
+        cells["flexcfl"]["pretrain_scale"] = 2
+    return cells
 
 
 def _setting_path() -> str:
     """The table's settings file: installed as mcfl.experiments, or in the source checkout
     mcfl is imported from (``PYTHONPATH=.`` on a machine where it is not installed)."""
-    import importlib.resources
     try:
         return str(importlib.resources.files("mcfl.experiments") / f"{TABLE_SETTING}.toml")
     except ModuleNotFoundError:
         return str(Path(__file__).resolve().parents[2] / "experiments" / f"{TABLE_SETTING}.toml")
 
 
-def run_table_cell(name: str, command: list[str], out_dir: Path, timeout: Optional[float],
+def run_table_cell(name: str, settings: dict, out_dir: Path, timeout: Optional[float],
                    in_process: bool = False) -> dict:
-    """One cell: wall time and the run's best / final accuracy (its summary.json); in its
-    own process unless `in_process` (``--tiny``: no timeout then)."""
+    """One cell: wall time and the run's best / final accuracy (its summary.json). In its own
+    process (``mcfl run --config``, its settings written beside its folder) unless
+    `in_process` (``--tiny``: no timeout then)."""
     folder = out_dir / "table" / name
-    argv = command + ["--out", str(folder)]
     start = time.perf_counter()
+    error = None
     if in_process:
-        from mcfl.apps.cli import main
-
-        stderr = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
-            code = main(argv)
-        error = None if code == 0 else failure_message(code, stderr.getvalue())
-    else:
         try:
-            proc = subprocess.run([sys.executable, "-m", "mcfl", *argv], capture_output=True,
-                                  text=True, timeout=timeout, env=_child_env())
+            run(from_dict(settings), out_dir=folder, overwrite=True)
+        except McflError as failure:
+            error = str(failure)
+    else:
+        config_file = atomic.write_json(out_dir / "table" / f"{name}.json", settings)
+        command = [sys.executable, "-m", "mcfl", "run", "--config", str(config_file),
+                   "--out", str(folder), "--overwrite"]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                  env=child_env())
             error = (None if proc.returncode == 0
                      else failure_message(proc.returncode, proc.stderr))
         except subprocess.TimeoutExpired:
@@ -130,7 +141,6 @@ def run_suite(out_dir: Path, tiny: bool = False, only: Sequence[str] = (),
     `tiny` sizes the workloads run in this process (a process each would spend most of the
     time importing JAX), so their memory figures are this process's."""
     out_dir = Path(out_dir)
-    from mcfl.apps.bench import machine_info
 
     def wanted(label: str) -> bool:
         return not only or any(label.startswith(prefix) for prefix in only)
@@ -151,9 +161,9 @@ def run_suite(out_dir: Path, tiny: bool = False, only: Sequence[str] = (),
             if wanted(point.label):
                 add({"label": point.label, **(_in_process(point) if tiny
                                               else run_point(point, timeout))})
-        for name, command in table_commands(tiny, data_dir).items():
+        for name, settings in table_settings(tiny, data_dir).items():
             if wanted(f"table-{name}"):
-                add(run_table_cell(name, command, out_dir, timeout, in_process=tiny))
+                add(run_table_cell(name, settings, out_dir, timeout, in_process=tiny))
     finally:
         plot_bench(out_dir / "bench.png", [p for p in document["points"]
                                            if p.get("kind") == "train"])
@@ -163,8 +173,6 @@ def run_suite(out_dir: Path, tiny: bool = False, only: Sequence[str] = (),
 
 def _in_process(point: Point) -> dict:
     """`run_point`'s record, measured in this process."""
-    from mcfl.apps.bench_point import measure_point, point_settings
-
     try:
         return measure_point(point)
     except Exception as error:  # recorded, as a child's failure is

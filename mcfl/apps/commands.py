@@ -12,6 +12,7 @@ from tqdm import tqdm
 from mcfl import checkpoint, distributed, models, reproduce, tracking
 from mcfl.apps import bench
 from mcfl.apps.bench_point import FEATURES
+from mcfl.apps.bench_suite import run_suite
 from mcfl.apps.compare import compare
 from mcfl.apps.demo import run_demo
 from mcfl.apps.describe import format_description, plot_label_distribution
@@ -369,8 +370,6 @@ def cmd_bench(args) -> int:
 
 
 def _bench_suite(args) -> int:
-    from mcfl.apps.bench_suite import run_suite
-
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     only = tuple(split_list(args.only, "--only", "cnn,table")) if args.only else ()

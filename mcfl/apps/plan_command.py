@@ -43,8 +43,7 @@ def cmd_plan(args) -> int:
     config = config_from_args(args)
     start = time.perf_counter()
     estimate = estimate_run(config, cache_dir=cache_dir_from_args(args))
-    bounds = [bound_on(estimate, t, getattr(estimate.config, "precision", "float32"))
-              for t in targets_of(names)]
+    bounds = [bound_on(estimate, t, estimate.config.precision) for t in targets_of(names)]
     seconds = time.perf_counter() - start
     if args.json:
         print(json.dumps(plan_document(estimate, bounds, seconds), indent=1))
