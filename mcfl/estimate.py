@@ -32,7 +32,7 @@ from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
 from mcfl.plan import plan_run, run_keys
-from mcfl.program import footprint
+from mcfl.program import footprint, round_program
 from mcfl.store import run_program
 from mcfl.targets import Target
 
@@ -97,7 +97,12 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
     plan = plan_run(config, dataset)
     data = dataset.arrays
     init_key, rounds_key = run_keys(config.seed)
-    program, store = run_program(config, plan, data, None)
+    # The store the run would use; the work is counted on the device program, whose rounds
+    # do what a host or disk store's do with the client rows on the device (`bound_on` takes
+    # the stored rows off a target's memory need when they would live elsewhere).
+    stored, store = run_program(config, plan, data, None)
+    stored.close()
+    program = round_program(config, plan, data)
     try:
         values = {}
         state = jax.eval_shape(program._init, values, init_key, data)

@@ -120,3 +120,12 @@ def test_an_unknown_target_is_one_line_and_exit_2(capsys):
 def test_cost_adds_and_scales():
     assert Cost(1, 1, 2, 1) + Cost(2, 0, 1, 0) == Cost(3, 1, 3, 1)
     assert Cost(1, 1, 2, 1).times(3) == Cost(3, 3, 6, 1)
+
+
+def test_a_run_on_a_disk_store_is_planned_with_its_store(capsys):
+    argv = ["plan", "--algorithm", "local", "--dataset", "synthetic", "--clients", "10",
+            "--rounds", "2", "--client-store", "disk", "--no-cache", "--target", "t4", "--json"]
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["store"].startswith("disk") and document["stored_bytes"] == 10 * 610 * 4
+    assert document["programs"]["round"]["flops"] > 0
