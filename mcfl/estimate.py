@@ -1,7 +1,8 @@
 """What a run needs before it runs: `mcfl plan`'s work, per round and for the whole run.
 
-`estimate_run` builds the run's programs exactly as `mcfl.run` would (its plan, its client
-store, its block sizes), compiles them for this machine without training, and counts:
+`estimate_run` builds the run's programs as `mcfl.run` would (its plan, its block sizes; a
+run on a host or disk client store is counted on the device program, which does the same work
+with the rows on the device), compiles them for this machine without training, and counts:
 
 * the work of each program (`mcfl.cost`: FLOPs and a lower bound on bytes moved, every loop
   body counted as often as it runs), beside XLA's own cost analysis, which counts loop bodies
