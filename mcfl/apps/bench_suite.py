@@ -1,11 +1,11 @@
 """`mcfl bench --suite accelerator`: the workloads that matter on a GPU or a TPU, in one folder.
 
-Each workload is a `Point` of `mcfl bench` (its own process, its round time, memory and, where
-it trains, `mcfl plan`'s lower bound for this device beside it) or a cell of FlexCFL's
-FashionMNIST-CNN table run with ``mcfl run`` at the full protocol (300 rounds of 20 clients,
-E = 10; experiments/flexcfl_table3_fmnist.toml). At ``--tiny`` every workload shrinks to a few
-clients and rounds (the table's cells to Synthetic(1,1) with MCLR, which needs no data files),
-so the suite itself is tested on a CPU.
+Each workload is a `Point` of `mcfl bench` (its own process; its round time, memory and, for
+the headline training points, `mcfl plan`'s lower bound for this device beside it) or a cell of
+FlexCFL's FashionMNIST-CNN table run with ``mcfl run`` at the full protocol (300 rounds of 20
+clients, E = 10; experiments/flexcfl_table3_fmnist.toml). At ``--tiny`` every kind of workload
+shrinks to a few clients and rounds and runs in this process (the table's cells on Synthetic(1,1)
+with MCLR, which needs no data files), so the suite itself is tested on a CPU.
 """
 
 from __future__ import annotations
