@@ -44,12 +44,13 @@ def devices_run(name: str, data, devices: int) -> dict:
 
 
 def zoo_lowered(model_name: str, devices: int) -> dict:
-    """FedAvg on a zoo model, its clients dealt over `devices`: initialised here (compiled;
-    the round only lowered, not compiled), init and round lowered for TPU and CUDA."""
+    """FedAvg on a zoo model, its clients dealt over `devices` inside its programs (its state,
+    one global model, and the data are replicated: shapes stand for them), init and round
+    lowered for TPU and CUDA; nothing is compiled."""
     bound, data = zoo_fedavg(model_name)
     with jax.set_mesh(engine.client_mesh(devices)):
         init_key, rounds_key = jax.random.split(jax.random.key(0))
-        state = jax.jit(bound.init)(data, init_key)
+        state = jax.eval_shape(bound.init, data, init_key)
         return lowered(f"fedavg on {model_name}", {
             "init": (bound.init, (data, init_key)),
             "round": (bound.round, (state, data, rounds_key))})

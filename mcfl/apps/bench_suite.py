@@ -63,7 +63,7 @@ def accelerator_points(tiny: bool = False) -> list[Point]:
                      label=f"cnn-200-conv-{conv}") for conv in ("xla", "matmul")]
     points += [Point("fedavg", "mlp", scale(1000), rounds=rounds, clients_per_round=scale(100),
                      members=m, label=f"sweep-{m}-members") for m in members]
-    points.append(Point("fesem", "mclr", 100 if tiny else 1_000_000, rounds=3,
+    points.append(Point("fesem", "mclr", 20 if tiny else 1_000_000, rounds=3,
                         clients_per_round=scale(1000), label="fesem-1m-clients", plan=True))
     for size in (None, *block_sizes):
         points.append(Point("fedavg", "mlp", scale(10_000), rounds=rounds,
