@@ -148,7 +148,7 @@ class ExecutionSettings:
                              "(its matmuls, convolutions and activations, in training and "
                              "evaluation alike, on float32 master weights; losses, gradients, "
                              "optimizer and all aggregation stay float32; the factored dense "
-                             "paths are off; not yet timed)",
+                             "paths are off; 2x slower on CPU: BENCHMARKS.md)",
                              choices=PRECISIONS)
     devices: Optional[int] = setting(None, "devices the clients are sharded over (default: "
                                      "all)", minimum=1)
