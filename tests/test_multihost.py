@@ -25,7 +25,8 @@ def _free_port() -> int:
 
 def _env(devices: int) -> dict:
     return {**os.environ, "PYTHONPATH": str(HERE.parent),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                         f"--xla_force_host_platform_device_count={devices}"}
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def sharded_runs():
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    devices = "--xla_force_host_platform_device_count=8"
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {devices}",
            "PYTHONPATH": str(HERE.parent)}
     done = subprocess.run([sys.executable, str(HERE / "sharding_check.py")], env=env,
                           capture_output=True, text=True, timeout=600)
