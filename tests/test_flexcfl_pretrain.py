@@ -119,6 +119,31 @@ def test_paper_pretraining_is_the_first_of_e_epochs(tiny):
         chex_equal(jax.tree.map(lambda m, c=c: m[c], received), group if c == cold else w0)
 
 
+def test_paper_newcomers_joining_as_updates_add_their_update_to_the_group_model(tiny):
+    """--newcomer-join update: a newcomer that went on from its pre-training epoch enters its
+    group's weighted mean as w_g + (w_i - W_0), a member as its model w_i."""
+    data, model, training = tiny
+    algorithm = build("fedgroup", model, training, 3, 4, clusters=1, pretrain_scale=1,
+                      newcomer_join="update")
+    state, cold, _ = _start(algorithm, model, data, jax.random.key(0))
+    group, w0 = jax.tree.map(lambda m: m[0], state.models), state.w0
+    one, rest = training.replace(local_epochs=1), training.replace(local_epochs=E - 1)
+    round_key = jax.random.key(1)
+    _, cold_key, round_train_key, _ = jax.random.split(round_key, 4)
+    new_state, _ = jax.jit(algorithm.round)(state, data, round_key)
+    joined = []
+    for c in range(3):
+        if c == cold:
+            trained, _ = reference_local_train(training, data, round_train_key, group, c)
+            joined.append(trained)
+        else:
+            pre, _ = reference_local_train(one, data, cold_key, w0, c)
+            trained, _ = reference_local_train(rest, data, round_train_key, pre, c)
+            joined.append(jax.tree.map(lambda g, t, w: g + t - w, group, trained, w0))
+    chex_equal(jax.tree.map(lambda m: m[0], new_state.models),
+               _mean(joined, np.asarray(data.train_counts)))
+
+
 def test_authors_pretraining_is_n_steps_then_a_round_from_the_group(tiny):
     """--pretrain-steps 3 (the authors' code): dW is 3 SGD steps from W_0 (the 7-row client
     cycles through 3 epochs of 1 step), the group's model their mean pre-trained model, and a
@@ -191,6 +216,8 @@ def test_weight_decay_on_kernels_leaves_biases_alone(tiny):
     (["--pretrain", "full", "--pretrain-steps", "50"], "give it or pretrain=full, not both"),
     (["--evaluate-with", "old"], "unknown evaluate_with 'old'; allowed: current, last_received"),
     (["--weight-decay-on", "bias"], "unknown weight_decay_on 'bias'; allowed: all, kernels"),
+    (["--newcomer-join", "update", "--pretrain-steps", "50"],
+     "newcomer_join=update needs the paper's pre-training"),
 ])
 def test_bad_pretraining_settings_are_one_line_exit_2(argv, message, capsys):
     try:

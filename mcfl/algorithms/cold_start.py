@@ -11,7 +11,8 @@ Three forms (`FedGroupParams.pretrain`, `pretrain_steps`):
   and its model joins its group's FedAvg: E epochs in all, one round of communication (W_0
   down; dW_i and the model up). The group cold start's clients do so at initialisation (a
   group's first model is their mean weighted by n_i, the intra-group aggregation of Alg. 2), a
-  newcomer in the round it joins (it starts from its pre-trained model, not the group's).
+  newcomer in the round it joins (it starts from its pre-trained model, not the group's;
+  ``newcomer_join="update"`` enters it as its update from W_0 applied to the group's model).
 * ``pretrain_steps`` N, the authors' code (their fedgroup.py lines 82 and 299: 50 mini-batch
   steps of B): dW_i is N steps from W_0; a group's first model is the plain mean of its
   members' pre-trained models (Alg. 3 line 16; their simply_averaging_aggregate); a newcomer
@@ -34,6 +35,7 @@ from mcfl.engine import (
     RoundClients,
     client_num_steps,
     segment_mean,
+    segment_sums,
     train_and_aggregate,
     train_and_collect,
 )
@@ -99,6 +101,23 @@ def round_start(models, pretrained, clients, group, newcomer, taken, counts, tra
     own = num_groups + jnp.arange(clients.shape[0], dtype=jnp.int32)
     steps = client_num_steps(counts, training) - taken
     return start_models, RoundClients(clients, jnp.where(newcomer, own, group), steps=steps)
+
+
+def newcomers_as_updates(sums, models, w0, weights, newcomer, group):
+    """Group sums [K, ...] of n_i w_i in which each newcomer i (went on from W_0) counts as its
+    update applied to its group's model, n_i (w_g + w_i - W_0), instead of its model: the
+    paper's newcomer "upload[s] the parameters updates for the intra-group aggregation"
+    (Sec. 3.4), which aggregates updates (Sec. 3.1; the authors' group.py adds the members'
+    mean update to the group's model)."""
+    num_groups = jax.tree.leaves(models)[0].shape[0]
+    _, newcomer_weights = segment_sums(jnp.zeros(newcomer.shape), group,
+                                       jnp.where(newcomer, weights, 0), num_groups)
+
+    def leaf(s, g, w):
+        scale = newcomer_weights.reshape((-1,) + (1,) * (g.ndim - 1))
+        return s + scale * (g - w[None]).astype(s.dtype)
+
+    return jax.tree.map(leaf, sums, models, w0)
 
 
 def with_pretraining(stats, taken, loss_sums, going_on: bool):

@@ -61,6 +61,7 @@ from mcfl.algorithms.cold_start import (
     PRETRAINS,
     continues,
     group_models_going_on,
+    newcomers_as_updates,
     pretrain,
     received_models,
     round_start,
@@ -77,6 +78,7 @@ MEASURES = ("edc", "madc", "random")
 NEWCOMERS = ("similar", "random")
 MIGRATIONS = ("label", "counts")
 EVALUATIONS = ("current", "last_received")
+NEWCOMER_JOINS = ("model", "update")
 
 
 def label_counts(data) -> jax.Array:
@@ -162,12 +164,26 @@ class FedGroupParams:
                                  "(its group's now) | last_received (the one it started its "
                                  "last round from: the authors' code; a model per client)",
                                  choices=EVALUATIONS)
+    newcomer_join: str = setting("model", "how a newcomer that goes on from its pre-training "
+                                 "epoch (--pretrain epoch) enters its group's aggregation: "
+                                 "model (its trained model is averaged in) | update (its update "
+                                 "from W_0 is applied to the group's model, as the authors' "
+                                 "update-based FedAvg would take the paper's 'upload the "
+                                 "parameters updates for the intra-group aggregation')",
+                                 choices=NEWCOMER_JOINS)
 
     def check(self, config) -> None:
         if self.pretrain == "full" and self.pretrain_steps is not None:
             raise ConfigError(f"pretrain_steps replaces the paper's pre-training epoch; give "
                               f"it or pretrain=full, not both (got pretrain_steps="
                               f"{self.pretrain_steps})")
+        going_on = self.pretrain == "epoch" and self.pretrain_steps is None
+        if self.newcomer_join == "update" and not (going_on and self.newcomers == "similar"):
+            raise ConfigError(
+                "newcomer_join=update needs the paper's pre-training (pretrain=epoch, no "
+                "pretrain_steps, newcomers=similar): only then does a newcomer go on from W_0; "
+                f"got pretrain={self.pretrain}, pretrain_steps={self.pretrain_steps}, "
+                f"newcomers={self.newcomers}")
         needed = self.pretrain_scale * config.clusters
         if config.clients is not None and needed > config.clients:
             raise ConfigError(
@@ -276,6 +292,8 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
                                               newcomer, taken, weights, hp.training)
         sums, weight_sums, _, stats = train_and_aggregate(
             hp.training, data, train_key, start_models, selection, weights, group, num_groups)
+        if goes_on and hp.params.newcomer_join == "update":
+            sums = newcomers_as_updates(sums, state.models, state.w0, weights, newcomer, group)
         # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.
         models = inter_group_aggregation(segment_mean(sums, weight_sums, state.models),
                                          hp.params.eta_g)
