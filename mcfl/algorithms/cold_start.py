@@ -35,7 +35,6 @@ from mcfl.engine import (
     RoundClients,
     client_num_steps,
     segment_mean,
-    segment_sums,
     train_and_aggregate,
     train_and_collect,
 )
@@ -110,8 +109,9 @@ def newcomers_as_updates(sums, models, w0, weights, newcomer, group):
     (Sec. 3.4), which aggregates updates (Sec. 3.1; the authors' group.py adds the members'
     mean update to the group's model)."""
     num_groups = jax.tree.leaves(models)[0].shape[0]
-    _, newcomer_weights = segment_sums(jnp.zeros(newcomer.shape), group,
-                                       jnp.where(newcomer, weights, 0), num_groups)
+    # [K] each group's summed newcomer weight
+    newcomer_weights = jnp.where(newcomer, weights, 0).astype(jnp.float32) @ jax.nn.one_hot(
+        group, num_groups)
 
     def leaf(s, g, w):
         scale = newcomer_weights.reshape((-1,) + (1,) * (g.ndim - 1))
