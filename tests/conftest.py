@@ -47,6 +47,12 @@ BACKGROUND_FILE = "test_devices.py"
 WORKER_NICENESS = 5  # added to the workers' nice value once the background run has started
 
 
+def xla_flags_with_devices(count: int) -> str:
+    """This session's XLA_FLAGS with `count` forced CPU devices, for a subprocess: appended,
+    so the session's own flags (above) stay."""
+    return f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count={count}"
+
+
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(BACKGROUND_FILE))
     config.background_needed = any(BACKGROUND_FILE in item.nodeid for item in items)
@@ -83,8 +89,7 @@ def conformance_background(request, tmp_path_factory):
     except FileExistsError:
         pass  # another worker started it
     else:
-        devices = "--xla_force_host_platform_device_count=4"
-        env = {**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} {devices}",
+        env = {**os.environ, "XLA_FLAGS": xla_flags_with_devices(4),
                "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
         proc = subprocess.Popen([sys.executable, str(HERE / "conformance_background.py"),
                                  str(results_file), str(error_file)], env=env)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import xla_flags_with_devices
 
 HERE = Path(__file__).parent
 SCRIPT = str(HERE / "multihost_check.py")
@@ -25,8 +26,7 @@ def _free_port() -> int:
 
 def _env(devices: int) -> dict:
     return {**os.environ, "PYTHONPATH": str(HERE.parent),
-            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                         f"--xla_force_host_platform_device_count={devices}"}
+            "XLA_FLAGS": xla_flags_with_devices(devices)}
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import xla_flags_with_devices
 
 from mcfl.engine import client_mesh
 
@@ -18,8 +19,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def sharded_runs():
-    devices = "--xla_force_host_platform_device_count=8"
-    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {devices}",
+    env = {**os.environ, "XLA_FLAGS": xla_flags_with_devices(8),
            "PYTHONPATH": str(HERE.parent)}
     done = subprocess.run([sys.executable, str(HERE / "sharding_check.py")], env=env,
                           capture_output=True, text=True, timeout=600)
