@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conformance_setup import ZOO
 from conftest import algorithm as build
 from conftest import planted_gaussian
 
@@ -16,6 +17,7 @@ from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining, masked_cross_entropy
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
+from mcfl.models.registry import names as model_names
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,27 @@ def test_round_computes_in_bfloat16_on_float32_master_weights(planted):
     assert update > 0.1
     gap = np.linalg.norm(bf16 - f32) / update  # the update's relative error
     assert 0 < gap < 2e-2, gap
+
+
+# every registered model at a tiny size: the zoo's conformance shapes and the papers' models
+TINY_MODELS = {**ZOO, "mclr": ((12,), 10, {}), "mlp": ((12,), 10, {}),
+               "cnn-fmnist": ((28, 28, 1), 10, {}), "cnn-leaf": ((28, 28, 1), 62, {}),
+               "cnn-celeba": ((8, 8, 3), 2, {})}
+
+
+def test_every_registered_model_computes_every_matmul_in_bfloat16():
+    """No float32 constant or carry promotes a layer back to float32 (the LSTM's forget bias
+    once did, leaving its recurrent matmuls float32): every dot and convolution of each
+    model's bfloat16 forward takes bfloat16 operands."""
+    assert set(TINY_MODELS) == set(model_names())  # a new model gets a tiny size here
+    for name, (shape, classes, args) in TINY_MODELS.items():
+        model = make_model(name, shape, classes, model_args=args, precision="bfloat16")
+        x = jnp.zeros((2, *shape))
+        text = jax.jit(model.apply).lower(model.init(jax.random.key(0)), x).as_text()
+        products = _ops(text, "dot_general") + _ops(text, "convolution")
+        assert products, name
+        float32 = [line for line in products if "bf16" not in line.split("->")[0]]
+        assert not float32, (name, float32)
 
 
 class _TinyCNN(nn.Module):

@@ -42,7 +42,10 @@ class LSTMLayer(nn.Module):
         projected = nn.Dense(4 * h, use_bias=False, name="input")(x)
         recurrent = self.param("recurrent_kernel", nn.initializers.orthogonal(), (h, 4 * h))
         bias = self.param("bias", nn.initializers.zeros_init(), (4 * h,))
-        projected = projected + bias + jnp.zeros(4 * h).at[h:2 * h].set(self.forget_bias)
+        # the forget bias in the projections' dtype: a float32 constant would promote a
+        # bfloat16 run's (--precision) recurrent matmuls back to float32
+        forget = jnp.zeros(4 * h, projected.dtype).at[h:2 * h].set(self.forget_bias)
+        projected = projected + bias + forget
 
         def step(carry, inputs):
             c, state = carry
