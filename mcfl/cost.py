@@ -17,20 +17,32 @@ the jaxpr instead, where a scan's trip count is its ``length``:
 
 A client's loops (its local steps, its chunks of rows) are ``while`` loops whose trip count is
 the longest client's of its block, known only when the round runs. The engine runs each under
-a name scope (`mcfl.engine.blocks.loop_scope`), and `trips` gives the mean count of each, which
-the caller knows from the data (`mcfl.estimate`): the mean, not the block's longest, so the
-count stays a lower bound. Any other ``while`` loop (k-means until it converges) is counted
-once and reported in `Cost.while_loops`. A ``cond`` counts its most expensive branch.
+a name scope (`mcfl.engine.blocks.loop_scope`; a local-step loop is named by its schedule,
+`mcfl.engine.training.steps_key`, so one epoch of pre-training is not counted as a round's E),
+and `trips` gives the mean count of each, which the caller knows from the data
+(`mcfl.estimate`): the mean, not the block's longest, so the count stays a lower bound. (A
+client told to stop before its schedule's end, a FlexCFL newcomer going on after its
+pre-training epoch, is counted at its schedule's length.) Any other ``while`` loop (k-means
+until it converges) is counted once and reported in `Cost.while_loops`.
+
+A ``cond`` counts its most expensive branch (a block's training against a block that takes no
+step), except an occasional one (`mcfl.engine.blocks.occasional_cond`: work a round does only
+now and then, such as FlexCFL's newcomers' pre-training), which counts its cheaper branch and
+is reported in `Cost.occasional`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Optional, Union
 
 from jax.extend import core as jcore
 
-from mcfl.engine.blocks import LOOP_SCOPE
+from mcfl.engine.blocks import LOOP_SCOPE, OCCASIONAL_SCOPE
+
+# the mean iterations of each client loop, by name: a mapping, or a function (None: unknown)
+Trips = Union[Mapping[str, float], Callable[[str], Optional[float]]]
 
 MATMULS = ("dot_general",)
 CONVOLUTIONS = ("conv_general_dilated",)
@@ -44,13 +56,14 @@ class Cost(NamedTuple):
     matmul_flops: float = 0.0  # of which in matmuls and convolutions (what bfloat16 speeds up)
     bytes: float = 0.0
     while_loops: int = 0  # data-dependent loops counted once
+    occasional: int = 0  # occasional conds counted at their cheaper branch
 
     def __add__(self, other: Cost) -> Cost:  # type: ignore[override]
         return Cost(*(a + b for a, b in zip(self, other)))
 
     def times(self, count: float) -> Cost:
         return Cost(self.flops * count, self.matmul_flops * count, self.bytes * count,
-                    self.while_loops)
+                    self.while_loops, self.occasional)
 
 
 def _size(aval) -> int:
@@ -95,10 +108,16 @@ def _client_loop(eqn) -> str:
     return "" if start < 0 else stack[start + len(LOOP_SCOPE):].split("/")[0]
 
 
-def jaxpr_cost(jaxpr, trips: Optional[dict[str, float]] = None) -> Cost:
+def _trip_lookup(trips: Optional[Trips]) -> Callable[[str], Optional[float]]:
+    if trips is None:
+        return lambda _: None
+    return trips.get if isinstance(trips, Mapping) else trips
+
+
+def jaxpr_cost(jaxpr, trips: Optional[Trips] = None) -> Cost:
     """The `Cost` of running `jaxpr` (a Jaxpr or ClosedJaxpr) once, its loops included; `trips`:
-    the mean iterations of each client loop, by length key (module docstring)."""
-    trips = trips or {}
+    the mean iterations of each client loop, by its name (module docstring)."""
+    count_of = _trip_lookup(trips)
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     total = Cost()
     for eqn in jaxpr.eqns:
@@ -112,14 +131,18 @@ def jaxpr_cost(jaxpr, trips: Optional[dict[str, float]] = None) -> Cost:
         elif name == "while":
             body = (jaxpr_cost(eqn.params["body_jaxpr"], trips)
                     + jaxpr_cost(eqn.params["cond_jaxpr"], trips))
-            loop = _client_loop(eqn)
-            if loop in trips:
-                total += body.times(trips[loop])
+            count = count_of(_client_loop(eqn))
+            if count is not None:
+                total += body.times(count)
             else:
                 total += body._replace(while_loops=body.while_loops + 1)
         elif name == "cond":
-            total += max((jaxpr_cost(b, trips) for b in eqn.params["branches"]),
-                         key=lambda c: c.flops)
+            branches = [jaxpr_cost(b, trips) for b in eqn.params["branches"]]
+            if OCCASIONAL_SCOPE in str(eqn.source_info.name_stack):
+                cheaper = min(branches, key=lambda c: c.flops)
+                total += cheaper._replace(occasional=cheaper.occasional + 1)
+            else:
+                total += max(branches, key=lambda c: c.flops)
         elif (inner := _sub_jaxprs(eqn.params)):
             for sub in inner[:1]:  # custom_vjp's fwd / bwd: the primal's work, once
                 total += jaxpr_cost(sub, trips)
@@ -130,7 +153,7 @@ def jaxpr_cost(jaxpr, trips: Optional[dict[str, float]] = None) -> Cost:
     return total
 
 
-def traced_cost(jitted, *args, trips: Optional[dict[str, float]] = None) -> Cost:
+def traced_cost(jitted, *args, trips: Optional[Trips] = None) -> Cost:
     """The `Cost` of one call of `jitted` (a `jax.jit` function) on arguments like `args`
     (arrays or `jax.ShapeDtypeStruct`s): its jaxpr's work plus writing its results once. Its
     arguments count only as far as it reads them (a round reads its clients' rows, not the

@@ -20,6 +20,7 @@ measured in BENCHMARKS.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -32,6 +33,7 @@ from mcfl.cost import Cost, traced_cost, xla_cost
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
+from mcfl.engine.training import mean_steps
 from mcfl.plan import plan_run, run_keys
 from mcfl.program import footprint, round_program
 from mcfl.store import run_program
@@ -111,7 +113,7 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
             program.compile_init(values, init_key, data)
             program.compile_rounds(values, state, rounds_key, data)
         first = jax.ShapeDtypeStruct((), np.int32)
-        trips = client_loop_trips(config, dataset)
+        trips = client_loop_trips(dataset)
         with engine.planned_block_size(plan.train_block):
             init_cost = traced_cost(program._init, values, init_key, data, trips=trips)
             round_costs = {count: traced_cost(fn, values, state, data, rounds_key, first,
@@ -143,17 +145,20 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
 
 
-def client_loop_trips(config: RunConfig, dataset: FederatedDataset) -> dict[str, float]:
-    """The mean iterations of each client loop (`mcfl.cost`), from the clients' row counts:
-    local steps (E x ceil(n_i / B), or the fixed count), chunks of training rows (full-batch
-    gradients) and chunks of test rows (evaluation)."""
+def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:
+    """The mean iterations of each client loop (`mcfl.cost`) by its name, from the clients' row
+    counts: local steps of any schedule (`mcfl.engine.training.steps_key`: E x ceil(n_i / B),
+    or a fixed count), chunks of training rows (full-batch gradients) and chunks of test rows
+    (evaluation)."""
     train = np.asarray(dataset.train_counts(), np.float64)
     test = np.asarray(dataset.test_counts(), np.float64)
-    steps = (np.full_like(train, config.local_steps) if config.local_steps is not None
-             else config.local_epochs * np.ceil(train / config.batch_size))
-    return {"steps": float(steps.mean()),
-            "chunks": float(np.ceil(train / CLIENT_ROWS_CHUNK).mean()),
-            "eval_chunks": float(np.ceil(test / DEFAULT_EVAL_BATCH).mean())}
+    chunks = {"chunks": float(np.ceil(train / CLIENT_ROWS_CHUNK).mean()),
+              "eval_chunks": float(np.ceil(test / DEFAULT_EVAL_BATCH).mean())}
+
+    def trips(name: str) -> Optional[float]:
+        return chunks[name] if name in chunks else mean_steps(name, train)
+
+    return trips
 
 
 def bound_on(estimate: RunEstimate, target: Target, precision: str = "float32") -> TargetBound:

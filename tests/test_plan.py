@@ -11,7 +11,8 @@ from mcfl.apps.cli import main
 from mcfl.config import RunConfig
 from mcfl.cost import Cost, traced_cost, xla_cost
 from mcfl.data import load_dataset
-from mcfl.engine.blocks import loop_scope
+from mcfl.engine.blocks import loop_scope, occasional_cond
+from mcfl.engine.training import mean_steps, steps_key
 from mcfl.estimate import bound_on, client_loop_trips, estimate_run
 from mcfl.targets import TARGETS, Target, for_device
 
@@ -48,11 +49,54 @@ def test_a_client_loop_takes_its_trip_count_and_another_while_loop_is_counted_on
     assert unknown.matmul_flops == per_trip and unknown.while_loops == 1
 
 
-def test_a_cond_counts_its_dearest_branch():
+def test_a_cond_counts_its_dearest_branch_and_an_occasional_one_its_cheaper():
     def f(p, x, w):
-        return jax.lax.cond(p, lambda: x @ w @ w, lambda: x)
-    cost = traced_cost(jax.jit(f), True, jnp.ones((M, K)), jnp.ones((K, K)))
-    assert cost.matmul_flops == 2 * 2 * M * K * K
+        return jax.lax.cond(p, lambda: x @ w @ w, lambda: x @ w)
+
+    def g(p, x, w):  # the same, as work a round does only now and then
+        return occasional_cond(p, lambda: x @ w @ w, lambda: x @ w)
+
+    x, w = jnp.ones((M, K)), jnp.ones((K, K))
+    cost = traced_cost(jax.jit(f), True, x, w)
+    assert cost.matmul_flops == 2 * 2 * M * K * K and cost.occasional == 0
+    assert traced_cost(jax.jit(g), True, x, w).matmul_flops == 2 * M * K * K
+    # its gradient keeps the scope: forward and backward conds, each at the cheaper side
+    cost = traced_cost(jax.jit(jax.grad(lambda x: g(True, x, w).sum())), x)
+    cheaper = traced_cost(jax.jit(jax.grad(lambda x: (x @ w).sum())), x)
+    assert cost.occasional == 2 and cost.matmul_flops == cheaper.matmul_flops > 0
+
+
+def test_a_step_loop_is_counted_by_its_own_schedule():
+    """Clients of 10 and 25 rows, B = 10: an epoch is 1 and 3 steps (mean 2), two epochs a
+    mean of 4; a fixed count is that count."""
+    two_epochs = RunConfig(local_epochs=2, batch_size=10)
+    one_epoch, fixed = two_epochs.replace(local_epochs=1), two_epochs.replace(local_steps=50)
+    keys = {steps_key(c) for c in (two_epochs, one_epoch, fixed)}
+    assert len(keys) == 3
+    assert mean_steps(steps_key(two_epochs), [10, 25]) == 4.0
+    assert mean_steps(steps_key(one_epoch), [10, 25]) == 2.0
+    assert mean_steps(steps_key(fixed), [10, 25]) == 50.0
+    assert mean_steps("chunks", [10, 25]) is None
+
+
+def test_flexcfls_round_counts_training_once_and_its_pre_training_as_one_epoch():
+    """FlexCFL's round trains its clients as FedAvg's does; its newcomers' pre-training and
+    migration are occasional (not in the round's lower bound), and its cold start pre-trains
+    one epoch of E = 4, then goes on for the round's rest."""
+    base = RunConfig(algorithm="fedavg", dataset="synthetic", clients=40, clients_per_round=8,
+                     rounds=2, clusters=2, local_epochs=4, fast_paths="off", embed_clients=0)
+    fedavg = estimate_run(base, compile=False)
+    flexcfl = estimate_run(base.replace(algorithm="flexcfl"), compile=False)
+    paper, full = (estimate_run(base.replace(algorithm="flexcfl", pretrain=mode), compile=False)
+                   for mode in ("epoch", "full"))
+    rounds = (flexcfl.program("round").cost, fedavg.program("round").cost)
+    assert rounds[0].occasional == 2
+    assert rounds[1].matmul_flops <= rounds[0].matmul_flops <= 1.05 * rounds[1].matmul_flops
+    # the cold start's clients: one epoch of pre-training, then the rest of their round
+    # (counted at its schedule, E), against E epochs of pre-training (--pretrain full);
+    # counting the pre-training epoch as E would give 8 / 4
+    ratio = paper.program("init").cost.matmul_flops / full.program("init").cost.matmul_flops
+    assert ratio == pytest.approx((1 + 4) / 4, rel=0.03), ratio
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +108,9 @@ def fedavg_estimate():
 
 def test_a_rounds_matmuls_are_its_clients_local_steps_by_hand(fedavg_estimate):
     e = fedavg_estimate
-    trips = client_loop_trips(e.config, load_dataset(e.config))
+    steps = client_loop_trips(load_dataset(e.config))(steps_key(e.config))
     # MCLR 60 -> 10, B = 10: a step's forward x @ W and backward x^T @ g, 2 * B * 60 * 10 each
-    by_hand = e.clients_per_round * trips["steps"] * 2 * (2 * 10 * 60 * 10)
+    by_hand = e.clients_per_round * steps * 2 * (2 * 10 * 60 * 10)
     assert by_hand <= e.program("round").cost.matmul_flops <= 1.01 * by_hand
     assert [p.calls for p in e.programs] == [1, 3, 3]  # init, 3 rounds, evaluated each round
     assert e.run_cost.flops == pytest.approx(sum(p.cost.flops * p.calls for p in e.programs))

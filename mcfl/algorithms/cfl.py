@@ -42,7 +42,13 @@ from mcfl.algorithms.clustered import (
 from mcfl.algorithms.ifca import losses_of_models
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity
-from mcfl.engine import RoundClients, segment_mean, segment_sums, train_and_collect
+from mcfl.engine import (
+    RoundClients,
+    occasional_cond,
+    segment_mean,
+    segment_sums,
+    train_and_collect,
+)
 from mcfl.errors import ConfigError
 from mcfl.sampling import round_clients
 from mcfl.settings import setting
@@ -225,7 +231,7 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
                 first, second = members_k & (labels == 0), members_k & (labels == 1)
                 return second, separation_gap(similarity, first, second)
 
-            return jax.lax.cond(candidate[k], halves, lambda _: (
+            return occasional_cond(candidate[k], halves, lambda _: (
                 jnp.zeros(start.shape, bool), jnp.full((), -2.0, jnp.float32)), None)
 
         seconds, gaps = jax.lax.map(bipartition, jnp.arange(max_clusters))  # [K, S], [K]

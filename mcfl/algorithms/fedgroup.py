@@ -69,7 +69,7 @@ from mcfl.algorithms.cold_start import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
-from mcfl.engine import segment_mean, train_and_aggregate
+from mcfl.engine import occasional_cond, segment_mean, train_and_aggregate
 from mcfl.errors import ConfigError
 from mcfl.sampling import round_clients, sample_clients
 from mcfl.settings import setting
@@ -253,7 +253,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         def nobody(_):
             return none, stack(state.w0, clients.shape[0]) if keep else None, none, zero
 
-        return jax.lax.cond(jnp.any(active), pretrain_and_join, nobody, None)
+        return occasional_cond(jnp.any(active), pretrain_and_join, nobody, None)
 
     def migrate(state, data, key, hp):
         """Redo the cold start of up to S clients whose label distribution moved (FlexCFL)."""
@@ -277,7 +277,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         migrated = jnp.zeros((), jnp.int32)
         if migrates:
             # Label counts change only when the data moves: test all clients only then.
-            state, migrated = jax.lax.cond(
+            state, migrated = occasional_cond(
                 data.owners_changed | state.migration_pending,
                 lambda s: migrate(s, data, migrate_key, hp),
                 lambda s: (s, jnp.zeros((), jnp.int32)), state)

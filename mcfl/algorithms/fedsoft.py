@@ -43,6 +43,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    occasional_cond,
     row_losses,
     sums_over_client_rows,
     train_and_collect,
@@ -151,7 +152,7 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
     def round_(shared, rows, clients, data, key, hp):
         train_key = jax.random.split(key)[1]
         due = shared.round % hp.params.interval == 0
-        weights = jax.lax.cond(due, lambda: estimate(shared, data, hp), lambda: shared.weights)
+        weights = occasional_cond(due, lambda: estimate(shared, data, hp), lambda: shared.weights)
         shared = shared.replace(weights=weights)
         size = clients.shape[0]
         u = weights[clients]

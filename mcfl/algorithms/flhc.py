@@ -31,7 +31,7 @@ from mcfl.algorithms.clustered import (
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative, squared_distances
 from mcfl.clustering.linkage import LINKAGES
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, occasional_cond, train_and_collect
 from mcfl.settings import setting
 
 
@@ -94,7 +94,7 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
                                    num_clusters)
 
     def round_(state, data, key, hp):
-        return jax.lax.cond(state.round == hp.params.warmup, cluster_round, fedavg_round,
+        return occasional_cond(state.round == hp.params.warmup, cluster_round, fedavg_round,
                             state, data, key, hp)
 
     return clustered_algorithm("flhc", init, round_)

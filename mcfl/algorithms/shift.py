@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, wrapping
 from mcfl.data.federated import FederatedData, client_label_counts
+from mcfl.engine import occasional_cond
 from mcfl.sampling import sample_clients
 
 
@@ -154,7 +155,7 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
             moved = jnp.sum(train_owner != shift.layout.train_owner).astype(jnp.float32)
             return layout_of(data, train_owner, test_owner), moved
 
-        layout, moved = jax.lax.cond(happens, relayout,
+        layout, moved = occasional_cond(happens, relayout,
                                      lambda _: (shift.layout, jnp.float32(0.0)), None)
         return shift.replace(layout=layout, changed=happens), moved
 

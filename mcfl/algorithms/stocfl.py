@@ -45,6 +45,7 @@ from mcfl.engine import (
     by_length,
     ceil_div,
     map_clients,
+    occasional_cond,
     segment_mean,
     train_and_aggregate,
     train_and_collect,
@@ -175,7 +176,7 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
     def round_(shared, psi, clients, data, key, hp):
         train_key, global_key = jax.random.split(jax.random.split(key)[1])
         new = ~shared.observed[clients]
-        psi = jax.lax.cond(
+        psi = occasional_cond(
             jnp.any(new),
             lambda: jnp.where(new[:, None], representations(
                 model.apply, data, shared.anchor, clients, hp.training.lr,

@@ -99,10 +99,13 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
     lines.append(f"{'run':<9} {'':>6} {_count(run.flops):>9} {_count(run.matmul_flops):>15} "
                  f"{_size(run.bytes):>11}")
     loops = max(p.cost.while_loops for p in estimate.programs)
+    occasional = estimate.program("round").cost.occasional
     lines += [
         "(FLOPs and bytes per call, counted on the programs with every loop run as often as it "
         "runs; XLA's own analysis counts each loop body once."
-        + (f" {loops} data-dependent loop(s) counted once." if loops else "") + ")",
+        + (f" {loops} data-dependent loop(s) counted once." if loops else "")
+        + (f" The round's {occasional} occasional branch(es) (work done only in some rounds) "
+           "counted at their cheaper side." if occasional else "") + ")",
         f"memory here: XLA's memory analysis on {estimate.backend}",
         "",
         f"{'target':<10} {'devices':>7} {'needs/device':>12} {'has':>9} {'fits':>4} "

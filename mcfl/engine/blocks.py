@@ -142,6 +142,7 @@ def map_blocks(block_fn: Callable, inputs: dict, block_size: int) -> PyTree:
 
 
 LOOP_SCOPE = "mcfl_loop_"
+OCCASIONAL_SCOPE = "mcfl_occasional"
 
 
 def loop_scope(length_key: str):
@@ -150,14 +151,23 @@ def loop_scope(length_key: str):
     return jax.named_scope(LOOP_SCOPE + length_key)
 
 
-def by_length(one_client: Callable, length_key: str) -> Callable:
+def occasional_cond(pred, true_fn: Callable, false_fn: Callable, *operands):
+    """``lax.cond`` for work a round does only now and then (FlexCFL's newcomers' pre-training,
+    a migration, a clustering round): `mcfl.cost` counts it at its cheaper branch, so a
+    round's count stays a lower bound on the rounds that skip it."""
+    with jax.named_scope(OCCASIONAL_SCOPE):
+        return jax.lax.cond(pred, true_fn, false_fn, *operands)
+
+
+def by_length(one_client: Callable, length_key: str, scope: Optional[str] = None) -> Callable:
     """A block function from `one_client(inp, loop_length, alone)`, which does one client's
     work in `loop_length` iterations: vmapped over the block with the block's longest
     ``inp[length_key]`` (shorter clients mask their extra iterations); a block of one client
     runs without vmap (whose batch-of-one matmuls are slow on CPU) with its own length and
-    ``alone=True`` (nothing to mask)."""
+    ``alone=True`` (nothing to mask). `scope`: the loop's name for `mcfl.cost` (default
+    `length_key`)."""
     def block_fn(block):
-        with loop_scope(length_key):
+        with loop_scope(scope or length_key):
             if block[length_key].shape[0] == 1:
                 one = jax.tree.map(lambda x: x[0], block)
                 return jax.tree.map(lambda x: x[None], one_client(one, one[length_key], True))

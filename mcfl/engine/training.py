@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from mcfl.data.federated import FederatedData
@@ -140,6 +141,28 @@ def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
     if training.local_steps is not None:
         return jnp.full_like(counts, training.local_steps)
     return training.local_epochs * ceil_div(counts, training.batch_size)
+
+
+def steps_key(schedule) -> str:
+    """The name of the loop over a client's local steps under `schedule` (anything with
+    ``local_epochs``, ``local_steps`` and ``batch_size``: a `LocalTraining`, a `RunConfig`).
+    `mcfl.cost` counts such a loop `mean_steps` times: a pre-training epoch and a round of E
+    epochs are loops of different lengths."""
+    if schedule.local_steps is not None:
+        return f"steps_fixed_{int(schedule.local_steps)}"
+    return f"steps_epochs_{int(schedule.local_epochs)}_batch_{int(schedule.batch_size)}"
+
+
+def mean_steps(key: str, train_counts) -> Optional[float]:
+    """The mean local steps over clients with `train_counts` rows of the loop `steps_key`
+    named `key` (None for another name)."""
+    parts = key.split("_")
+    if parts[:2] == ["steps", "fixed"] and len(parts) == 3:
+        return float(parts[2])
+    if parts[:2] == ["steps", "epochs"] and len(parts) == 5 and parts[3] == "batch":
+        epochs, batch = int(parts[2]), int(parts[4])
+        return float(epochs * np.mean(np.ceil(np.asarray(train_counts, np.float64) / batch)))
+    return None
 
 
 def masked_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
