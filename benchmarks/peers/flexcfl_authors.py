@@ -65,10 +65,10 @@ Three columns (``--codes``):
 * ``authors``: their code, as above.
 * ``mcfl-authors``: mcfl set to their code where mcfl has the setting: ``--weight-decay 0.002
   --weight-decay-on kernels`` (their MCLR's keras ``l2(0.001)`` on the kernel adds 0.002 W to
-  the kernel's gradient) for every algorithm; FlexCFL: ``--pretrain-steps 50`` (their
-  pre-training) and ``--evaluate-with last_received`` (their groups test each member with the
-  model it last received, group.py lines 149-151 and 211); FeSEM: ``--fesem-lambda 0`` (their
-  FeSEM trains without the proximal term).
+  the kernel's gradient) for every algorithm; IFCA, FeSEM and FlexCFL: ``--evaluate-with
+  last_received`` (their groups test each member with the model it last received, group.py
+  lines 149-151 and 211); FlexCFL: ``--pretrain-steps 50`` (their pre-training); FeSEM:
+  ``--fesem-lambda 0`` (their FeSEM trains without the proximal term).
 * ``mcfl-paper``: mcfl's defaults (the papers' algorithms; FlexCFL's one-epoch pre-training,
   each client tested with its group's current model).
 
@@ -82,8 +82,7 @@ IFCA and FeSEM set a group's new model from its first sampled member's update on
 update); mcfl averages the members. Their IFCA and FeSEM start from K freshly initialised
 models; mcfl's IFCA from K random models, its FeSEM from k-means on one round of local models.
 Their FeSEM assigns a client by the distance of its previous local solution before training;
-mcfl's after training. Their IFCA and FeSEM test each member with its last received model;
-mcfl with its cluster's current model.
+mcfl's after training.
 
 Scores: accuracy is micro ("weighted") accuracy over all clients' test rows, in percent.
 Their rounds are numbered from 0 and evaluated when ``round % eval_every == 0`` (their group
@@ -340,8 +339,10 @@ def mcfl_flags(code: str, algorithm: str) -> list[str]:
         flags += ["--client-sampling", "round_robin_first"]
     if code == "mcfl-authors":
         flags += ["--weight-decay", "0.002", "--weight-decay-on", "kernels"]
+        if algorithm != "fedavg":
+            flags += ["--evaluate-with", "last_received"]
         if algorithm == "fedgroup":
-            flags += ["--pretrain-steps", "50", "--evaluate-with", "last_received"]
+            flags += ["--pretrain-steps", "50"]
         if algorithm == "fesem":
             flags += ["--fesem-lambda", "0"]
     return flags

@@ -179,7 +179,7 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         models = stack(model.init(key), max_clusters)
         active = jnp.zeros((max_clusters,), bool).at[0].set(True)
         base = ClusterState.create(models, jnp.zeros((data.num_clients,), jnp.int32), active)
-        return CFLState(base.models, base.assignment, base.active, base.round, base.sizes,
+        return CFLState(base.models, base.assignment, base.active, base.round, base.sizes, None,
                         jnp.zeros((), jnp.float32), jnp.arange(max_clusters, dtype=jnp.int32),
                         jnp.full((max_clusters,), -1, jnp.int32),
                         jnp.full((data.num_clients,), -1, jnp.int32))

@@ -17,13 +17,20 @@ from mcfl.engine import (
 )
 from mcfl.sampling import round_clients
 
+# The model a client is evaluated with: its cluster's now, or the one it started its last
+# round from (what FlexCFL's authors' code tests each client with: their group.py keeps a
+# client's `latest_params`, the group model it last received).
+EVALUATIONS = ("current", "last_received")
+
 
 class ClusterState(flax.struct.PyTreeNode):
     """K cluster models stacked [K, ...] and every client's cluster [C] int32.
 
     `active` [K] marks clusters in use (CFL grows its clusters into free slots; the others use
     all K); `round` counts rounds done; `sizes` [K] int32 counts each cluster's clients, kept
-    up to date with the assignment (`reassign`) so that no round recounts the population.
+    up to date with the assignment (`reassign`) so that no round recounts the population;
+    `received` [C, ...], kept only when clients are evaluated with ``last_received``, the
+    model each client started its last round from (`record_received`).
     """
 
     models: object
@@ -31,12 +38,38 @@ class ClusterState(flax.struct.PyTreeNode):
     active: jax.Array
     round: jax.Array
     sizes: jax.Array
+    received: object  # None unless kept
 
     @classmethod
-    def create(cls, models, assignment: jax.Array, active: jax.Array) -> ClusterState:
+    def create(cls, models, assignment: jax.Array, active: jax.Array,
+               evaluate_with: str = "current") -> ClusterState:
+        """With ``evaluate_with="last_received"``, every client has received its cluster's
+        model (`assignment` puts every client in one)."""
         num_clusters = active.shape[0]
+        received = None
+        if evaluate_with == "last_received":
+            received = jax.tree.map(lambda m: m[assignment], models)
         return cls(models, assignment, active, jnp.zeros((), jnp.int32),
-                   cluster_sizes(assignment, num_clusters))
+                   cluster_sizes(assignment, num_clusters), received)
+
+
+def record_received(state: ClusterState, clients: jax.Array, start: jax.Array) -> ClusterState:
+    """`state` with `clients` [S] having received the models of clusters `start` [S] (the ones
+    they start this round from, before the round updates them); as it is when `received` is
+    not kept."""
+    if state.received is None:
+        return state
+    received = jax.tree.map(lambda rows, m: rows.at[clients].set(m[start]), state.received,
+                            state.models)
+    return state.replace(received=received)
+
+
+def cluster_client_models(state: ClusterState):
+    """The models clients are evaluated with and each client's row of them: its cluster's, or
+    with `received` kept, its own last received model."""
+    if state.received is not None:
+        return state.received, jnp.arange(state.assignment.shape[0], dtype=jnp.int32)
+    return state.models, state.assignment
 
 
 def cluster_sizes(assignment: jax.Array, num_clusters: int) -> jax.Array:
@@ -145,5 +178,5 @@ def clustered_algorithm(name: str, init, round_, population_start=None,
     """A FederatedAlgorithm over a ClusterState: a client is evaluated with its cluster's
     model. `store_dtype`: the dtype a client store keeps the population start's models in."""
     return FederatedAlgorithm(
-        name, init, round_, lambda s: (s.models, s.assignment), assignments=lambda s: s.assignment,
+        name, init, round_, cluster_client_models, assignments=lambda s: s.assignment,
         population_start=population_start, store_dtype=store_dtype)

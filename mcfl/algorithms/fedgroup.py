@@ -50,6 +50,7 @@ from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
 from mcfl.algorithms.clustered import (
+    EVALUATIONS,
     cluster_count,
     cluster_means,
     cluster_sizes,
@@ -77,7 +78,6 @@ from mcfl.settings import setting
 MEASURES = ("edc", "madc", "random")
 NEWCOMERS = ("similar", "random")
 MIGRATIONS = ("label", "counts")
-EVALUATIONS = ("current", "last_received")
 NEWCOMER_JOINS = ("model", "update")
 
 

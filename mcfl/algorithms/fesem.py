@@ -23,11 +23,13 @@ import numpy as np
 
 from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, stack
 from mcfl.algorithms.clustered import (
+    EVALUATIONS,
     ClusterState,
     cluster_means,
     clustered_algorithm,
     features_fn,
     finish_round,
+    record_received,
     stacked_features,
     unravel_rows,
 )
@@ -80,6 +82,10 @@ class FeSEMParams:
                                "code)", key="fesem_last_layer")
     weighted: bool = setting(False, "M-step weighted by n_i instead of Eq. 10's plain mean",
                              key="fesem_weighted")
+    evaluate_with: str = setting("current", "the model a client is evaluated with: current "
+                                 "(its center now) | last_received (the one it started its "
+                                 "last round from: the FlexCFL authors' code; a model per "
+                                 "client)", choices=EVALUATIONS)
 
 
 def prox_scale(data, clients: jax.Array) -> jax.Array:
@@ -140,7 +146,8 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
             centers = segment_mean(sums, weight_sums, stack(w0, num_clusters))
         else:
             centers = unravel_rows(means, w0)
-        return ClusterState.create(centers, labels, jnp.ones((num_clusters,), bool))
+        return ClusterState.create(centers, labels, jnp.ones((num_clusters,), bool),
+                                   hp.params.evaluate_with)
 
     def init(data, key, hp):
         kmeans_key = jax.random.split(key, 3)[2]
@@ -187,8 +194,9 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
         sums, weight_sums, segment, stats = train_and_aggregate(
             local, data, train_key, state.models, RoundClients(clients, start), weights,
             start, num_clusters, prox_scale(data, clients), assign=e_step, align=align)
-        return finish_round(state, clients, segment, sums, weight_sums, stats, weights,
-                            data.train_counts[clients], num_clusters)
+        return finish_round(record_received(state, clients, start), clients, segment, sums,
+                            weight_sums, stats, weights, data.train_counts[clients],
+                            num_clusters)
 
     return clustered_algorithm(name, init, round_,
                                population_start=PopulationStart(start_points, finish),

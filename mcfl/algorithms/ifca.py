@@ -20,7 +20,14 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, stack
-from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, finish_round, flat_models
+from mcfl.algorithms.clustered import (
+    EVALUATIONS,
+    ClusterState,
+    clustered_algorithm,
+    finish_round,
+    flat_models,
+    record_received,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import kmeans_plusplus_indices
 from mcfl.data.federated import FederatedData
@@ -67,6 +74,10 @@ class IFCAParams:
     init: str = setting("random", "the K models' start: random (the paper's) or kmeans++ (K of "
                         "one round of sampled clients' local models)", key="ifca_init",
                         choices=INITS)
+    evaluate_with: str = setting("current", "the model a client is evaluated with: current "
+                                 "(its cluster's now) | last_received (the one it started its "
+                                 "last round from: the FlexCFL authors' code; a model per "
+                                 "client)", choices=EVALUATIONS)
 
 
 @register("ifca", IFCAParams, clustered=True, reference="Ghosh et al., 2020, IFCA",
@@ -96,7 +107,7 @@ def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
         models = initial_models(data, key, hp)
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         return ClusterState.create(models, identities(models, data, clients),
-                                   jnp.ones((num_clusters,), bool))
+                                   jnp.ones((num_clusters,), bool), hp.params.evaluate_with)
 
     def round_(state, data, key, hp):
         sample_key, train_key = jax.random.split(key)
@@ -106,8 +117,9 @@ def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
         sums, weight_sums, _, stats = train_and_aggregate(
             hp.training, data, train_key, state.models, RoundClients(clients, joined), weights,
             joined, num_clusters)
-        new_state, metrics = finish_round(state, clients, joined, sums, weight_sums, stats,
-                                          weights, weights, num_clusters)
+        new_state, metrics = finish_round(record_received(state, clients, joined), clients,
+                                          joined, sums, weight_sums, stats, weights, weights,
+                                          num_clusters)
         metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client
         return new_state, metrics
 
