@@ -63,7 +63,8 @@ def paper_score(evaluated: list[dict[str, Any]]) -> Optional[float]:
     """FlexCFL's score (Duan et al., Sec. 5.1): the best micro accuracy over the evaluated
     rounds at which every client is in a group (`clients_waiting` 0; algorithms without
     groups to join have every client in from round 1); None before that ever happens. Each
-    client is scored with its group's current model, so a group is tested on its members."""
+    client is scored with the model the run evaluates it with: its group's current model, or
+    under ``--evaluate-with last_received`` the one it last received."""
     scored = [row["accuracy_micro"] for row in evaluated
               if "accuracy_micro" in row and row.get("clients_waiting", 0) == 0]
     return max(scored) if scored else None
