@@ -95,6 +95,6 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(state, data, key, hp):
         return occasional_cond(state.round == hp.params.warmup, cluster_round, fedavg_round,
-                            state, data, key, hp)
+                               state, data, key, hp)
 
     return clustered_algorithm("flhc", init, round_)

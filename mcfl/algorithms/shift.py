@@ -156,7 +156,7 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
             return layout_of(data, train_owner, test_owner), moved
 
         layout, moved = occasional_cond(happens, relayout,
-                                     lambda _: (shift.layout, jnp.float32(0.0)), None)
+                                        lambda _: (shift.layout, jnp.float32(0.0)), None)
         return shift.replace(layout=layout, changed=happens), moved
 
     def init(data, key, hp):
