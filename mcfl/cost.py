@@ -28,7 +28,7 @@ until it converges) is counted once and reported in `Cost.while_loops`.
 A ``cond`` counts its most expensive branch (a block's training against a block that takes no
 step), except an occasional one (`mcfl.engine.blocks.occasional_cond`: work a round does only
 now and then, such as FlexCFL's newcomers' pre-training), which counts its cheaper branch and
-is reported in `Cost.occasional`.
+is reported in `Cost.occasional`; ``occasional="dearer"`` counts a round that does that work.
 """
 
 from __future__ import annotations
@@ -114,9 +114,12 @@ def _trip_lookup(trips: Optional[Trips]) -> Callable[[str], Optional[float]]:
     return trips.get if isinstance(trips, Mapping) else trips
 
 
-def jaxpr_cost(jaxpr, trips: Optional[Trips] = None) -> Cost:
+def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper") -> Cost:
     """The `Cost` of running `jaxpr` (a Jaxpr or ClosedJaxpr) once, its loops included; `trips`:
-    the mean iterations of each client loop, by its name (module docstring)."""
+    the mean iterations of each client loop, by its name; `occasional`: the side of an
+    occasional cond counted, "cheaper" or "dearer" (module docstring)."""
+    if occasional not in ("cheaper", "dearer"):
+        raise ValueError(f"occasional={occasional!r}: 'cheaper' or 'dearer'")
     count_of = _trip_lookup(trips)
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     total = Cost()
@@ -127,25 +130,25 @@ def jaxpr_cost(jaxpr, trips: Optional[Trips] = None) -> Cost:
             moved = sum(_bytes(v.aval) for v in eqn.invars) + _bytes(eqn.outvars[0].aval)
             total += Cost(flops, flops, moved)
         elif name == "scan":
-            total += jaxpr_cost(eqn.params["jaxpr"], trips).times(eqn.params["length"])
+            total += jaxpr_cost(eqn.params["jaxpr"], trips, occasional).times(eqn.params["length"])
         elif name == "while":
-            body = (jaxpr_cost(eqn.params["body_jaxpr"], trips)
-                    + jaxpr_cost(eqn.params["cond_jaxpr"], trips))
+            body = (jaxpr_cost(eqn.params["body_jaxpr"], trips, occasional)
+                    + jaxpr_cost(eqn.params["cond_jaxpr"], trips, occasional))
             count = count_of(_client_loop(eqn))
             if count is not None:
                 total += body.times(count)
             else:
                 total += body._replace(while_loops=body.while_loops + 1)
         elif name == "cond":
-            branches = [jaxpr_cost(b, trips) for b in eqn.params["branches"]]
+            branches = [jaxpr_cost(b, trips, occasional) for b in eqn.params["branches"]]
             if OCCASIONAL_SCOPE in str(eqn.source_info.name_stack):
-                cheaper = min(branches, key=lambda c: c.flops)
-                total += cheaper._replace(occasional=cheaper.occasional + 1)
+                side = (min if occasional == "cheaper" else max)(branches, key=lambda c: c.flops)
+                total += side._replace(occasional=side.occasional + 1)
             else:
                 total += max(branches, key=lambda c: c.flops)
         elif (inner := _sub_jaxprs(eqn.params)):
             for sub in inner[:1]:  # custom_vjp's fwd / bwd: the primal's work, once
-                total += jaxpr_cost(sub, trips)
+                total += jaxpr_cost(sub, trips, occasional)
         else:
             elements = sum(_size(v.aval) for v in eqn.outvars)
             moved = sum(_bytes(v.aval) for v in eqn.outvars) if name in READS else 0
@@ -153,7 +156,8 @@ def jaxpr_cost(jaxpr, trips: Optional[Trips] = None) -> Cost:
     return total
 
 
-def traced_cost(jitted, *args, trips: Optional[Trips] = None) -> Cost:
+def traced_cost(jitted, *args, trips: Optional[Trips] = None,
+                occasional: str = "cheaper") -> Cost:
     """The `Cost` of one call of `jitted` (a `jax.jit` function) on arguments like `args`
     (arrays or `jax.ShapeDtypeStruct`s): its jaxpr's work plus writing its results once. Its
     arguments count only as far as it reads them (a round reads its clients' rows, not the
@@ -161,7 +165,7 @@ def traced_cost(jitted, *args, trips: Optional[Trips] = None) -> Cost:
     every argument)."""
     closed = jitted.trace(*args).jaxpr
     io = sum(_bytes(v.aval) for v in closed.jaxpr.outvars if hasattr(v, "aval"))
-    return jaxpr_cost(closed, trips) + Cost(bytes=float(io))
+    return jaxpr_cost(closed, trips, occasional) + Cost(bytes=float(io))
 
 
 def xla_cost(compiled) -> dict[str, float]:

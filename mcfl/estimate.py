@@ -60,6 +60,9 @@ class RunEstimate(NamedTuple):
     stored_bytes: int  # what the store holds (0: nothing per client)
     programs: tuple[ProgramEstimate, ...]
     backend: str  # where the footprints were measured
+    # a round that does its occasional work (`mcfl.cost`: FlexCFL's newcomers' pre-training,
+    # a migration ...); None when the round has none
+    occasional_round: Optional[Cost] = None
 
     def program(self, name: str) -> ProgramEstimate:
         return next(p for p in self.programs if p.name == name)
@@ -84,6 +87,7 @@ class TargetBound(NamedTuple):
     round_seconds: float  # roofline lower bound on one round
     run_seconds: float  # ... on the whole run
     limit: str  # matmul | vector | memory: what bounds the round
+    occasional_round_seconds: Optional[float] = None  # ... on a round doing its occasional work
 
 
 def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
@@ -124,6 +128,12 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         # a scanned run's chunk counts `count` rounds: a round is its share
         count = max(round_costs, key=lambda c: sum(1 for _, n in program.chunks if n == c))
         per_round = round_costs[count].times(1 / count)
+        occasional_round = None
+        if per_round.occasional:
+            with engine.planned_block_size(plan.train_block):
+                occasional_round = traced_cost(
+                    program._rounds[count], values, state, data, rounds_key, first, trips=trips,
+                    occasional="dearer").times(1 / count)
 
         def analyses(name):  # XLA's cost and memory figures of a compiled program
             if not compile:
@@ -142,7 +152,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         clients=dataset.num_clients, clients_per_round=plan.clients_per_round,
         data_bytes=_tree_bytes(data), state_bytes=_tree_bytes(state),
         store=f"{store.kind}: {store.reason}", stored_bytes=store.stored_bytes,
-        programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})")
+        programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})",
+        occasional_round=occasional_round)
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:
@@ -183,8 +194,10 @@ def bound_on(estimate: RunEstimate, target: Target, precision: str = "float32") 
 
     round_seconds, limit = seconds(estimate.program("round").cost)
     run_seconds = sum(seconds(p.cost)[0] * p.calls for p in estimate.programs)
+    occasional = estimate.occasional_round
     return TargetBound(target, need, None if need is None else need <= target.memory,
-                       round_seconds, run_seconds, limit)
+                       round_seconds, run_seconds, limit,
+                       None if occasional is None else seconds(occasional)[0])
 
 
 def _tree_bytes(tree) -> int:

@@ -60,6 +60,8 @@ def test_a_cond_counts_its_dearest_branch_and_an_occasional_one_its_cheaper():
     cost = traced_cost(jax.jit(f), True, x, w)
     assert cost.matmul_flops == 2 * 2 * M * K * K and cost.occasional == 0
     assert traced_cost(jax.jit(g), True, x, w).matmul_flops == 2 * M * K * K
+    with_it = traced_cost(jax.jit(g), True, x, w, occasional="dearer")
+    assert with_it.matmul_flops == 2 * 2 * M * K * K and with_it.occasional == 1
     # its gradient keeps the scope: forward and backward conds, each at the cheaper side
     cost = traced_cost(jax.jit(jax.grad(lambda x: g(True, x, w).sum())), x)
     cheaper = traced_cost(jax.jit(jax.grad(lambda x: (x @ w).sum())), x)
@@ -90,8 +92,14 @@ def test_flexcfls_round_counts_training_once_and_its_pre_training_as_one_epoch()
     paper, full = (estimate_run(base.replace(algorithm="flexcfl", pretrain=mode), compile=False)
                    for mode in ("epoch", "full"))
     rounds = (flexcfl.program("round").cost, fedavg.program("round").cost)
-    assert rounds[0].occasional == 2
+    assert rounds[0].occasional == 2 and fedavg.occasional_round is None
     assert rounds[1].matmul_flops <= rounds[0].matmul_flops <= 1.05 * rounds[1].matmul_flops
+    # a round with its occasional work: its newcomers' and its migration's pre-training, one
+    # epoch each of the round's 8 clients, beside the round's E = 4
+    with_it = flexcfl.occasional_round.matmul_flops / rounds[0].matmul_flops
+    assert with_it == pytest.approx((4 + 1 + 1) / 4, rel=0.05), with_it
+    bound = bound_on(flexcfl, TARGETS["t4"])
+    assert bound.occasional_round_seconds > bound.round_seconds
     # the cold start's clients: one epoch of pre-training, then the rest of their round
     # (counted at its schedule, E), against E epochs of pre-training (--pretrain full);
     # counting the pre-training epoch as E would give 8 / 4

@@ -104,18 +104,23 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
         "(FLOPs and bytes per call, counted on the programs with every loop run as often as it "
         "runs; XLA's own analysis counts each loop body once."
         + (f" {loops} data-dependent loop(s) counted once." if loops else "")
-        + (f" The round's {occasional} occasional branch(es) (work done only in some rounds) "
-           "counted at their cheaper side." if occasional else "") + ")",
+        + (f" The round's {occasional} occasional branch(es) (work done only in some rounds: "
+           "newcomers, migrations, splits ...) counted at their cheaper side; 'with it': a "
+           "round that does that work." if occasional else "") + ")",
         f"memory here: XLA's memory analysis on {estimate.backend}",
         "",
         f"{'target':<10} {'devices':>7} {'needs/device':>12} {'has':>9} {'fits':>4} "
-        f"{'round >=':>9} {'run >=':>9}  bound by",
+        f"{'round >=':>9} {'run >=':>9}  bound by"
+        + (f"  {'with it >=':>10}" if occasional else ""),
     ]
     for b in bounds:
         fits = "?" if b.fits is None else ("yes" if b.fits else "NO")
+        with_it = "" if b.occasional_round_seconds is None else \
+            f"  {_time(b.occasional_round_seconds):>10}"
         lines.append(f"{b.target.name:<10} {b.target.devices:>7} {_size(b.need_bytes):>12} "
                      f"{_size(b.target.memory):>9} {fits:>4} {_time(b.round_seconds):>9} "
-                     f"{_time(b.run_seconds):>9}  {b.limit}")
+                     f"{_time(b.run_seconds):>9}  "
+                     + (f"{b.limit:<8}{with_it}" if with_it else b.limit))
     lines += [
         "(times: roofline lower bounds, the larger of FLOPs at peak and bytes at bandwidth; "
         "BENCHMARKS.md says how far measured rounds were above them)",
@@ -134,10 +139,13 @@ def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds:
         "stored_bytes": estimate.stored_bytes, "backend": estimate.backend,
         "programs": {p.name: {"calls": p.calls, **p.cost._asdict(), "xla": p.xla,
                               "footprint_bytes": p.footprint} for p in estimate.programs},
+        "occasional_round": (None if estimate.occasional_round is None
+                             else estimate.occasional_round._asdict()),
         "targets": {b.target.name: {"devices": b.target.devices, "need_bytes": b.need_bytes,
                                     "memory_bytes": b.target.memory, "fits": b.fits,
                                     "round_seconds": b.round_seconds,
                                     "run_seconds": b.run_seconds, "bound_by": b.limit,
+                                    "occasional_round_seconds": b.occasional_round_seconds,
                                     "source": b.target.source} for b in bounds},
         "plan_seconds": seconds,
     }
