@@ -53,22 +53,31 @@ class ClusterState(flax.struct.PyTreeNode):
                    cluster_sizes(assignment, num_clusters), received)
 
 
+def write_received(received, models, clients: jax.Array, start: jax.Array):
+    """`received` [C, ...] with the rows of `clients` [S] set to their start models:
+    `models` [M, ...] at rows `start` [S]."""
+    return jax.tree.map(lambda rows, m: rows.at[clients].set(m[start]), received, models)
+
+
 def record_received(state: ClusterState, clients: jax.Array, start: jax.Array) -> ClusterState:
     """`state` with `clients` [S] having received the models of clusters `start` [S] (the ones
     they start this round from, before the round updates them); as it is when `received` is
     not kept."""
     if state.received is None:
         return state
-    received = jax.tree.map(lambda rows, m: rows.at[clients].set(m[start]), state.received,
-                            state.models)
-    return state.replace(received=received)
+    return state.replace(received=write_received(state.received, state.models, clients, start))
+
+
+def own_models(received):
+    """Every client evaluated with its own model: `received` [C, ...] and client i's row i."""
+    return received, jnp.arange(jax.tree.leaves(received)[0].shape[0], dtype=jnp.int32)
 
 
 def cluster_client_models(state: ClusterState):
     """The models clients are evaluated with and each client's row of them: its cluster's, or
     with `received` kept, its own last received model."""
     if state.received is not None:
-        return state.received, jnp.arange(state.assignment.shape[0], dtype=jnp.int32)
+        return own_models(state.received)
     return state.models, state.assignment
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import stack
-from mcfl.algorithms.clustered import flat_models
+from mcfl.algorithms.clustered import flat_models, write_received
 from mcfl.engine import (
     RoundClients,
     client_num_steps,
@@ -130,15 +130,17 @@ def with_pretraining(stats, taken, loss_sums, going_on: bool):
     return stats._replace(steps=steps)
 
 
+def with_w0(models, w0):
+    """The group models [K, ...] and W_0 as row K: [K + 1, ...]."""
+    return jax.tree.map(lambda g, w: jnp.concatenate([g, w[None]]), models, w0)
+
+
 def received_models(received, models, w0, clients, group, newcomer, going_on: bool):
     """`received` [C, ...] with the round's clients' start models written in: their group's,
     or W_0 for a newcomer going on from its pre-training epoch (`evaluate_with`
     last_received)."""
-    def leaf(rows, groups, start):
-        got = groups[group]
-        if going_on:
-            mask = newcomer.reshape(newcomer.shape + (1,) * (got.ndim - 1))
-            got = jnp.where(mask, start[None], got)
-        return rows.at[clients].set(got)
-
-    return jax.tree.map(leaf, received, models, w0)
+    if not going_on:
+        return write_received(received, models, clients, group)
+    num_groups = jax.tree.leaves(models)[0].shape[0]
+    return write_received(received, with_w0(models, w0), clients,
+                          jnp.where(newcomer, num_groups, group))

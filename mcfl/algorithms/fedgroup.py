@@ -56,6 +56,7 @@ from mcfl.algorithms.clustered import (
     cluster_sizes,
     flat_models,
     intra_cluster_distance,
+    own_models,
     reassign,
 )
 from mcfl.algorithms.cold_start import (
@@ -67,6 +68,7 @@ from mcfl.algorithms.cold_start import (
     received_models,
     round_start,
     with_pretraining,
+    with_w0,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
@@ -326,10 +328,10 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
 
     def client_models(state):
         if state.received is not None:  # last_received: each client its own
-            return state.received, jnp.arange(state.assignment.shape[0], dtype=jnp.int32)
+            return own_models(state.received)
         # Clients outside every group are evaluated with W_0, appended as model K.
-        models = jax.tree.map(lambda g, w: jnp.concatenate([g, w[None]]), state.models, state.w0)
-        return models, jnp.where(state.assignment < 0, num_groups, state.assignment)
+        return (with_w0(state.models, state.w0),
+                jnp.where(state.assignment < 0, num_groups, state.assignment))
 
     return FederatedAlgorithm(name, init, round_, client_models,
                               assignments=lambda s: s.assignment)
