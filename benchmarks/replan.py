@@ -30,11 +30,10 @@ from mcfl.targets import TARGETS  # noqa: E402
 
 
 def recorded_point(record: dict) -> Point:
-    """The `Point` a record measured, with the block size it ran with (the rule's choice
-    depends on the device's memory, so it is fixed to what the accelerator picked)."""
+    """The `Point` a record measured. Its block size is the one the run used (the record's
+    `block_size`), not the rule's choice here: the rule depends on the device's memory."""
     fields = {f.name for f in dataclasses.fields(Point)}
-    point = Point(**{k: v for k, v in record.items() if k in fields})
-    return dataclasses.replace(point, block_size=record.get("block_size", point.block_size))
+    return Point(**{k: v for k, v in record.items() if k in fields})
 
 
 def replan(record: dict, target_name: str) -> dict:

@@ -34,15 +34,15 @@ is reported in `Cost.occasional`; ``occasional="dearer"`` counts a round that do
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Optional, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
 
 from jax.extend import core as jcore
 
 from mcfl.engine.blocks import LOOP_SCOPE, OCCASIONAL_SCOPE
 
-# the mean iterations of each client loop, by name: a mapping, or a function (None: unknown)
-Trips = Union[Mapping[str, float], Callable[[str], Optional[float]]]
+# the mean iterations of a client loop, by its name (None: unknown)
+Trips = Callable[[str], Optional[float]]
 
 MATMULS = ("dot_general",)
 CONVOLUTIONS = ("conv_general_dilated",)
@@ -108,19 +108,13 @@ def _client_loop(eqn) -> str:
     return "" if start < 0 else stack[start + len(LOOP_SCOPE):].split("/")[0]
 
 
-def _trip_lookup(trips: Optional[Trips]) -> Callable[[str], Optional[float]]:
-    if trips is None:
-        return lambda _: None
-    return trips.get if isinstance(trips, Mapping) else trips
-
-
 def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper") -> Cost:
     """The `Cost` of running `jaxpr` (a Jaxpr or ClosedJaxpr) once, its loops included; `trips`:
     the mean iterations of each client loop, by its name; `occasional`: the side of an
     occasional cond counted, "cheaper" or "dearer" (module docstring)."""
     if occasional not in ("cheaper", "dearer"):
         raise ValueError(f"occasional={occasional!r}: 'cheaper' or 'dearer'")
-    count_of = _trip_lookup(trips)
+    count_of = trips or (lambda _: None)
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     total = Cost()
     for eqn in jaxpr.eqns:
@@ -159,11 +153,15 @@ def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper"
 def traced_cost(jitted, *args, trips: Optional[Trips] = None,
                 occasional: str = "cheaper") -> Cost:
     """The `Cost` of one call of `jitted` (a `jax.jit` function) on arguments like `args`
-    (arrays or `jax.ShapeDtypeStruct`s): its jaxpr's work plus writing its results once. Its
-    arguments count only as far as it reads them (a round reads its clients' rows, not the
-    whole population's: FeSEM at 1,000,000 clients on an H200 ran below a bound that counted
-    every argument)."""
-    closed = jitted.trace(*args).jaxpr
+    (arrays or `jax.ShapeDtypeStruct`s): `program_cost` of its trace."""
+    return program_cost(jitted.trace(*args).jaxpr, trips, occasional)
+
+
+def program_cost(closed, trips: Optional[Trips] = None, occasional: str = "cheaper") -> Cost:
+    """The `Cost` of one call of a traced program (its ClosedJaxpr): its jaxpr's work plus
+    writing its results once. Its arguments count only as far as it reads them (a round reads
+    its clients' rows, not the whole population's: FeSEM at 1,000,000 clients on an H200 ran
+    below a bound that counted every argument)."""
     io = sum(_bytes(v.aval) for v in closed.jaxpr.outvars if hasattr(v, "aval"))
     return jaxpr_cost(closed, trips, occasional) + Cost(bytes=float(io))
 

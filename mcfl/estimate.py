@@ -29,7 +29,7 @@ import numpy as np
 
 from mcfl import engine
 from mcfl.config import RunConfig
-from mcfl.cost import Cost, traced_cost, xla_cost
+from mcfl.cost import Cost, program_cost, traced_cost, xla_cost
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
@@ -120,20 +120,16 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         trips = client_loop_trips(dataset)
         with engine.planned_block_size(plan.train_block):
             init_cost = traced_cost(program._init, values, init_key, data, trips=trips)
-            round_costs = {count: traced_cost(fn, values, state, data, rounds_key, first,
-                                              trips=trips)
-                           for count, fn in program._rounds.items()}
+            rounds = {count: fn.trace(values, state, data, rounds_key, first).jaxpr
+                      for count, fn in program._rounds.items()}
             eval_cost = traced_cost(program._evaluate, values, state, data, trips=trips)
         compiled = {name: executable for name, (_, executable) in program._compiled.items()}
         # a scanned run's chunk counts `count` rounds: a round is its share
-        count = max(round_costs, key=lambda c: sum(1 for _, n in program.chunks if n == c))
-        per_round = round_costs[count].times(1 / count)
+        count = max(rounds, key=lambda c: sum(1 for _, n in program.chunks if n == c))
+        per_round = program_cost(rounds[count], trips).times(1 / count)
         occasional_round = None
         if per_round.occasional:
-            with engine.planned_block_size(plan.train_block):
-                occasional_round = traced_cost(
-                    program._rounds[count], values, state, data, rounds_key, first, trips=trips,
-                    occasional="dearer").times(1 / count)
+            occasional_round = program_cost(rounds[count], trips, "dearer").times(1 / count)
 
         def analyses(name):  # XLA's cost and memory figures of a compiled program
             if not compile:

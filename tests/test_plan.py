@@ -43,7 +43,7 @@ def _client_loop(n, x, w):
 def test_a_client_loop_takes_its_trip_count_and_another_while_loop_is_counted_once():
     x, w = jnp.ones((M, K)), jnp.ones((K, K))
     per_trip = 2 * M * K * K
-    counted = traced_cost(jax.jit(_client_loop), 3, x, w, trips={"steps": 7.5})
+    counted = traced_cost(jax.jit(_client_loop), 3, x, w, trips={"steps": 7.5}.get)
     assert counted.matmul_flops == 7.5 * per_trip and counted.while_loops == 0
     unknown = traced_cost(jax.jit(_client_loop), 3, x, w)
     assert unknown.matmul_flops == per_trip and unknown.while_loops == 1
