@@ -8,8 +8,9 @@ weights, a fresh ``torch.optim.SGD(lr=0.01)``, 12 steps on tensor slices of 10 r
 ``state_dict`` kept per client, then the key-wise mean), on FlexCFL's FashionMNIST CNN in
 PyTorch's usual layout: ``nn.Conv2d(padding=2)`` on NCHW images, ``F.max_pool2d``, and the
 feature map flattened in (C, H, W) order, so the workload's ``dense0`` rows (h, w, c) are
-permuted on the way in and out. CPU, float32, torch's default thread count unless
-``--threads N``.
+permuted on the way in and out. float32, torch's default thread count unless ``--threads N``;
+on the CPU unless ``--device cuda`` (model and data on the GPU, each round ended by a
+``torch.cuda.synchronize()``).
 """
 
 from __future__ import annotations
@@ -82,12 +83,13 @@ def from_state_dict(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 class TorchCNNRunner:
-    def __init__(self, work: cw.Workload):
-        self.global_model = CNN()
+    def __init__(self, work: cw.Workload, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.global_model = CNN().to(self.device)
         self.global_model.load_state_dict(to_state_dict(work.params))
-        self.client_model = CNN()
-        self.x = torch.from_numpy(work.x)
-        self.y = torch.from_numpy(work.y.astype(np.int64))
+        self.client_model = CNN().to(self.device)
+        self.x = torch.from_numpy(work.x).to(self.device)
+        self.y = torch.from_numpy(work.y.astype(np.int64)).to(self.device)
 
     def train_client(self, c: int) -> dict[str, torch.Tensor]:
         model = self.client_model
@@ -96,23 +98,29 @@ class TorchCNNRunner:
 
     def run_round(self) -> None:
         average_into(self.global_model, [self.train_client(c) for c in range(self.x.shape[0])])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def global_params(self) -> dict[str, np.ndarray]:
-        return from_state_dict(self.global_model.state_dict())
+        return from_state_dict({k: v.cpu() for k, v in self.global_model.state_dict().items()})
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch.set_num_threads(N) if N > 0; default: torch's own default")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
 def describe(args) -> dict:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    return {"name": NAME, "torch_version": torch.__version__,
-            "torch_num_threads": torch.get_num_threads()}
+    about = {"name": NAME, "torch_version": torch.__version__,
+             "torch_num_threads": torch.get_num_threads(), "torch_device": args.device}
+    if args.device.startswith("cuda"):
+        about["cuda_device_name"] = torch.cuda.get_device_name(torch.device(args.device))
+    return about
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(lambda work, args: TorchCNNRunner(work), describe, add_arguments,
-                          workload=cw))
+    sys.exit(harness.main(lambda work, args: TorchCNNRunner(work, args.device), describe,
+                          add_arguments, workload=cw))
