@@ -164,3 +164,18 @@ def test_factored_cnn_layer_equals_the_per_client_path(block_size, mu, steps):
     np.testing.assert_array_equal(out[0][1].steps, out[1][1].steps)
     np.testing.assert_allclose(out[0][1].loss, out[1][1].loss, rtol=1e-5)
     np.testing.assert_allclose(out[0][1].update_norm, out[1][1].update_norm, rtol=1e-4)
+
+
+def test_block_size_rule_by_backend_and_path():
+    """The rule's hand-computed sizes for the MLP 784-200-200-10 (199,210 parameters): on a
+    GPU the low-rank path takes up to 2^30 bytes of parameters' worth a block (capped at
+    1,024 clients), the per-client path 2^28 (336); on CPU 50 and 2^22 bytes (5)."""
+    params = 784 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10
+    assert params == 199_210
+    rule = engine.default_block_size
+    assert rule(params, 1000, backend="gpu", low_rank=True) == 1000  # 2^30 / (4 * params) = 1347
+    assert rule(params, 5000, backend="gpu", low_rank=True) == 1024
+    assert rule(params, 1000, backend="gpu") == 336  # 2^28 / (4 * params)
+    assert rule(params, 1000, backend="cpu", low_rank=True) == 50
+    assert rule(params, 1000, backend="cpu") == 5  # 2^22 / (4 * params)
+    assert rule(params, 3, backend="gpu", low_rank=True) == 3  # never above the round's clients
