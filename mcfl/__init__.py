@@ -11,8 +11,8 @@ data. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such a
 `mcfl.apps`.
 """
 
-from mcfl import algorithms, data, models, tracking
-from mcfl.algorithms.base import scan_rounds
+from mcfl import algorithms, data, models, tracking, transforms
+from mcfl.algorithms.device import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
 from mcfl.runner import RunObserver, RunResult, run
@@ -32,6 +32,7 @@ __all__ = [
     "scan_rounds",
     "sweep",
     "tracking",
+    "transforms",
     "from_dict",
     "load_file",
     "McflError",

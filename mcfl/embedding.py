@@ -55,17 +55,19 @@ def _sampled(key, population: int, count: int):
 
 
 def _trained_models(algorithm: FederatedAlgorithm, training: LocalTraining, state, data,
-                    train_key, clients, features=None):
-    """`clients` trained once from the models `algorithm` evaluates them with (per-client
-    keys: a chunk of them trains as it does among all)."""
-    models, index = (algorithm.client_models if algorithm.trainable_models is None
-                     else algorithm.trainable_models)(state)
-    if algorithm.view is not None:
-        data = algorithm.view(state, data)
+                    train_key, clients, features=None, block_size=None):
+    """`clients` trained once from the models `algorithm` evaluates them with, or trains them
+    from (`ClientModels.train_from`; per-client keys: a chunk of them trains as it does among
+    all)."""
+    described = algorithm.client_models(state, data)
+    if described.data is not None:
+        data = described.data
+    models, index = described.train_from or (described.models, described.index)
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)
-    trained, _ = train_and_collect(training, data, train_key, models,
-                                   RoundClients(clients, index[clients]), features=features)
+    trained, _, _ = train_and_collect(training, data, train_key, models,
+                                      RoundClients(clients, index[clients]), features=features,
+                                      block_size=block_size)
     return trained
 
 
@@ -75,11 +77,13 @@ def _from_gram(clients, gram, total) -> ClientEmbedding:
 
 
 def client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining, num_clients: int,
-                     state, data, key) -> ClientEmbedding:
+                     state, data, key, block_size=None) -> ClientEmbedding:
     """The 2-D PCA projection of `num_clients` sampled clients' local models, each trained once
-    from the model `algorithm` evaluates it with (jittable, `num_clients` static)."""
+    from the model `algorithm` evaluates it with (jittable, `num_clients` static; blocks of
+    `block_size` clients, the run's)."""
     clients, train_key = _sampled(key, data.num_clients, num_clients)
-    flat = flat_models(_trained_models(algorithm, training, state, data, train_key, clients))
+    flat = flat_models(_trained_models(algorithm, training, state, data, train_key, clients,
+                                       block_size=block_size))
     centred = flat - jnp.mean(flat, axis=0, keepdims=True)
     u, s, _ = truncated_svd(centred, 2)
     total = jnp.maximum(jnp.sum(jnp.square(centred)), 1e-30)
@@ -132,7 +136,8 @@ def _add_block(gram, total, block):
 def streamed_client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining,
                               num_clients: int, state, data, key, on_disk: bool = False,
                               folder: Optional[Path] = None,
-                              chunk_bytes: int = CHUNK_BYTES) -> ClientEmbedding:
+                              chunk_bytes: int = CHUNK_BYTES,
+                              block_size: Optional[int] = None) -> ClientEmbedding:
     """`client_embedding` with at most `chunk_bytes` of models trained or read at a time; the
     sampled models in host memory, or `on_disk` in files in a temporary folder inside `folder`
     (None: the system's temporary folder)."""
@@ -142,7 +147,7 @@ def streamed_client_embedding(algorithm: FederatedAlgorithm, training: LocalTrai
     @jax.jit
     def train(chunk):
         return _trained_models(algorithm, training, state, data, train_key, chunk,
-                               features=flat_models)
+                               features=flat_models, block_size=block_size)
 
     d = jax.eval_shape(train, clients[:1]).shape[1]
     rows = max(1, min(num_clients, chunk_bytes // (4 * d)))
@@ -171,7 +176,7 @@ def streamed_client_embedding(algorithm: FederatedAlgorithm, training: LocalTrai
 
 def embedding_for_run(algorithm: FederatedAlgorithm, training: LocalTraining, wanted: int,
                       params_count: int, store_kind: str, folder: Optional[Path], state, data,
-                      key) -> tuple[ClientEmbedding, str]:
+                      key, block_size: Optional[int] = None) -> tuple[ClientEmbedding, str]:
     """The run's embedding of `wanted` clients (at most all) and where its models were:
     "device" (one program) when the run's client store is the device's and three copies of
     the models take at most `MEMORY_SHARE` of its free memory; else streamed through host
@@ -180,10 +185,12 @@ def embedding_for_run(algorithm: FederatedAlgorithm, training: LocalTraining, wa
     count = max(1, min(wanted, int(data.num_clients)))
     models_bytes = 4 * count * params_count
     if store_kind == "device" and 3 * models_bytes <= MEMORY_SHARE * memory.device_available():
-        embed = jax.jit(functools.partial(client_embedding, algorithm, training, count))
+        embed = jax.jit(functools.partial(client_embedding, algorithm, training, count,
+                                          block_size=block_size))
         return embed(state, data, key), "device"
     kind = store_kind if store_kind != "device" else (
         "host" if models_bytes <= memory.host_available() / 2 else "disk")
     found = streamed_client_embedding(algorithm, training, count, state, data, key,
-                                      on_disk=kind == "disk", folder=folder)
+                                      on_disk=kind == "disk", folder=folder,
+                                      block_size=block_size)
     return found, kind

@@ -27,7 +27,6 @@ from typing import NamedTuple, Optional
 import jax
 import numpy as np
 
-from mcfl import engine
 from mcfl.config import RunConfig
 from mcfl.cost import Cost, program_cost, traced_cost, xla_cost
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
@@ -118,11 +117,10 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
             program.compile_rounds(values, state, rounds_key, data)
         first = jax.ShapeDtypeStruct((), np.int32)
         trips = client_loop_trips(dataset)
-        with engine.planned_block_size(plan.train_block):
-            init_cost = traced_cost(program._init, values, init_key, data, trips=trips)
-            rounds = {count: fn.trace(values, state, data, rounds_key, first).jaxpr
-                      for count, fn in program._rounds.items()}
-            eval_cost = traced_cost(program._evaluate, values, state, data, trips=trips)
+        init_cost = traced_cost(program._init, values, init_key, data, trips=trips)
+        rounds = {count: fn.trace(values, state, data, rounds_key, first).jaxpr
+                  for count, fn in program._rounds.items()}
+        eval_cost = traced_cost(program._evaluate, values, state, data, trips=trips)
         compiled = {name: executable for name, (_, executable) in program._compiled.items()}
         # a scanned run's chunk counts `count` rounds: a round is its share
         count = max(rounds, key=lambda c: sum(1 for _, n in program.chunks if n == c))

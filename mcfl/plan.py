@@ -2,7 +2,8 @@
 
 The plan holds the model and its size, the clients a round, whether rounds train on the
 factored path, and how many clients a block of the engine holds (in training and in
-evaluation): execution details no algorithm sees (`mcfl.engine.planned_block_size`). It also
+evaluation): execution details the algorithm receives in its context (`AlgorithmContext.
+block_size`) and passes to the engine, never chooses. It also
 gives a run's PRNG keys and the device mesh its clients are sharded over.
 """
 

@@ -1,9 +1,11 @@
 """The round program: one config's initialisation, rounds and evaluation as compiled programs.
 
 Built from a config and its plan (`mcfl.plan`), as purejaxrl's ``make_train(config)`` is:
-`RoundProgram` builds the algorithm once (`mcfl.algorithms.build_algorithm`) and gives three
-jittable functions of the *traced values* (a dict of the settings a sweep varies, by flat key:
-`mcfl.sweeps.spec`; empty for a single run, whose numbers are baked into the program):
+`RoundProgram` builds the algorithm once (`mcfl.algorithms.build_algorithm`, with the plan's
+block size in its context), runs it on the device (`mcfl.algorithms.device.on_device`, with
+the run's message transform) and gives three jittable functions of the *traced values* (a
+dict of the settings a sweep varies, by flat key: `mcfl.sweeps.spec`; empty for a single run,
+whose numbers are baked into the program):
 
 * ``init(values, init_key, data) -> state``;
 * ``rounds[count](values, state, data, rounds_key, first) -> (state, metrics [count])``: one
@@ -34,41 +36,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import engine
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
-from mcfl.algorithms.base import scan_rounds
-from mcfl.algorithms.stored import evaluate_device_rows, evaluate_personalised
+from mcfl.algorithms.device import evaluation_counts, on_device, scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.evaluation import ClientMetrics, client_metrics
 from mcfl.loop import round_chunks
 from mcfl.plan import RunPlan
+from mcfl.transforms import IDENTITY, MessageTransform
 
 MEMBER_AXIS = "members"
 
 
-def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int, state, data):
-    """Per-client test counts of the models `algorithm` assigns to each client (on the data as
-    the clients hold it now), and the clients' test row counts. `apply_fn` is the model's;
-    an algorithm whose client models are something else (FedEM's mixtures) brings its own."""
-    apply_fn = algorithm.evaluation_apply or apply_fn
-    if algorithm.client_rows is not None:  # as a host or disk store evaluates them
-        return evaluate_device_rows(algorithm, apply_fn, block_size, state, data), \
-            data.test_counts
-    if algorithm.view is not None:
-        data = algorithm.view(state, data)
-    if algorithm.personalised is not None:
-        return evaluate_personalised(algorithm, apply_fn, block_size, state, data), \
-            data.test_counts
-    models, index = algorithm.client_models(state)
-    if index is None:
-        index = jnp.zeros((data.num_clients,), jnp.int32)
-    return engine.evaluate_counts(apply_fn, data, models, index, block_size), data.test_counts
-
-
 def evaluate(algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn,
              block_size: int) -> ClientMetrics:
-    """Per-client test metrics of the models `algorithm` assigns to each client."""
+    """Per-client test metrics of the models `algorithm` assigns to each client (`state`: a
+    `mcfl.algorithms.device.DeviceState`)."""
     counts, test_counts = jax.device_get(jax.jit(functools.partial(
         evaluation_counts, algorithm, apply_fn, block_size))(state, dataset.arrays))
     return client_metrics(counts, np.asarray(test_counts))
@@ -128,14 +111,19 @@ class RoundProgram:
     `traced`: the flat keys whose values are arguments (a sweep group's varied settings).
     `members`: a leading member axis on values, state and keys; `mesh` deals it over devices
     and `width` members run side by side. `jit_options`: extra `jax.jit` arguments (a
-    multi-process run's replicated outputs).
+    multi-process run's replicated outputs). `transform`: what every client message goes
+    through (`mcfl.transforms`).
     """
 
     def __init__(self, config: RunConfig, plan: RunPlan, traced: Sequence[str] = (),
                  members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
-                 width: Optional[int] = None, jit_options: Optional[dict] = None):
+                 width: Optional[int] = None, jit_options: Optional[dict] = None,
+                 transform: MessageTransform = IDENTITY):
         self.config, self.plan, self.traced, self.members = config, plan, tuple(traced), members
-        self.algorithm = algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+        self.transform = transform
+        self.algorithm = algorithm = build_algorithm(config, plan.model, plan.clients_per_round,
+                                                     plan.train_block)
+        self.device = device = on_device(algorithm, transform)
         self.clustered = algorithm.assignments is not None
         self.scanned = scanned = config.scan_rounds
         self.chunks = round_chunks(config.rounds, config.eval_every, scanned)
@@ -146,20 +134,21 @@ class RoundProgram:
             return hyperparams(config, plan.model, values)
 
         def init(values, init_key, data):
-            return algorithm.init(data, init_key, hp(values))
+            return device.init(data, init_key, hp(values))
 
         def rounds(count, values, state, data, rounds_key, first):
             if scanned:
-                return scan_rounds(algorithm, hp(values), state, data, rounds_key, first, count)
-            state, metrics = algorithm.round(state, data, jax.random.fold_in(rounds_key, first),
-                                             hp(values))
+                return scan_rounds(device, hp(values), state, data, rounds_key, first, count)
+            state, metrics = device.round(state, data, jax.random.fold_in(rounds_key, first),
+                                          hp(values), first)
             return state, jax.tree.map(lambda m: m[None], metrics)
 
         def evaluate_(values, state, data):
             del values  # evaluation depends on the state alone
             counts, test_counts = evaluation_counts(algorithm, plan.model.apply,
                                                     plan.eval_block, state, data)
-            return counts, test_counts, algorithm.assignments(state) if self.clustered else None
+            assigned = algorithm.assignments(state.algorithm) if self.clustered else None
+            return counts, test_counts, assigned
 
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
                 else lambda fn, batched: fn)
@@ -203,14 +192,13 @@ class RoundProgram:
         return None if None in sizes else max(sizes)
 
     def _lower_and_compile(self, programs: dict[Any, tuple[Callable, tuple]]) -> None:
-        """Trace (under the plan's block size), lower and compile each of `programs` (a jitted
-        function and its arguments), unless it was compiled for arguments like these."""
+        """Trace, lower and compile each of `programs` (a jitted function and its arguments),
+        unless it was compiled for arguments like these."""
         start = time.perf_counter()
         todo = {name: (fn, args, signature(args)) for name, (fn, args) in programs.items()}
         todo = {name: item for name, item in todo.items()
                 if self._compiled.get(name, (None,))[0] != item[2]}
-        with engine.planned_block_size(self.plan.train_block):
-            lowered = {name: (fn.lower(*args), sig) for name, (fn, args, sig) in todo.items()}
+        lowered = {name: (fn.lower(*args), sig) for name, (fn, args, sig) in todo.items()}
         self._compiled.update({name: (sig, lo.compile()) for name, (lo, sig) in lowered.items()})
         self.compile_seconds += time.perf_counter() - start
 
@@ -277,7 +265,7 @@ class RoundProgram:
 
     def algorithm_state(self, state):
         """The algorithm's state (`FederatedAlgorithm`) from the program's."""
-        return state
+        return state.algorithm
 
 
 def signature(args) -> tuple:
@@ -294,8 +282,8 @@ _PROGRAMS: collections.OrderedDict[tuple, RoundProgram] = collections.OrderedDic
 
 def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] = (),
                   members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
-                  width: Optional[int] = None, jit_options: Optional[dict] = None
-                  ) -> RoundProgram:
+                  width: Optional[int] = None, jit_options: Optional[dict] = None,
+                  transform: MessageTransform = IDENTITY) -> RoundProgram:
     """`RoundProgram(config, plan, ...)`, or the one already built for the same config up to
     its seeds (keys are arguments) on data of the same shapes: the last `PROGRAMS_KEPT` are
     kept, with the executables they compiled."""
@@ -303,11 +291,11 @@ def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] 
                             if k not in ("seed", "data_seed")))
     # (a replaced builder, in tests, builds other programs)
     key = (settings, _module_key(plan.model.module), signature(data), tuple(traced), members,
-           mesh, width, repr(jit_options), build_algorithm)
+           mesh, width, repr(jit_options), build_algorithm, transform, plan.train_block)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
-    program = RoundProgram(config, plan, traced, members, mesh, width, jit_options)
+    program = RoundProgram(config, plan, traced, members, mesh, width, jit_options, transform)
     _PROGRAMS[key] = program
     while len(_PROGRAMS) > PROGRAMS_KEPT:
         _PROGRAMS.popitem(last=False)

@@ -38,6 +38,7 @@ from mcfl.resume import restore, resume_settings, resumed_config
 from mcfl.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 from mcfl.store import FOLDER as STORE_FOLDER
 from mcfl.store import announce, run_program
+from mcfl.transforms import MessageTransform
 
 
 @dataclasses.dataclass
@@ -48,12 +49,15 @@ class RunResult:
     summary: dict[str, Any]
     rounds: list[dict[str, Any]]
     clients: list[dict[str, Any]]
-    state: Any
+    state: Any  # the algorithm's final state
     # [E, C] cluster of every client after each evaluated round, and those rounds [E]
     assignments: Optional[np.ndarray] = None
     assignment_rounds: Optional[np.ndarray] = None
     # clustered runs: sampled clients' local models in 2-D (mcfl.embedding), as NumPy arrays
     client_embedding: Optional[dict[str, np.ndarray]] = None
+    # every client's row of the algorithm's per-client state [C, ...] (in the store's dtype)
+    # when the device held them; None when it keeps none or a host or disk store held them
+    rows: Any = None
 
     def write(self, out_dir) -> Path:
         """Write the run folder (summary.json, rounds.csv, clients.csv, curves.png, ...)."""
@@ -95,6 +99,7 @@ def run(
     resume: Optional[str | Path] = None,
     checkpoint_every: Optional[int] = None,
     model: Any = None,
+    transform: Optional[MessageTransform] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
     `mcfl.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
@@ -114,6 +119,10 @@ def run(
     ``__call__(x)`` returns logits, a factory ``(feature_shape, num_classes, **args) ->
     module``, or a `mcfl.models.ModelSpec` (`mcfl.models.make_model`); the run's config then
     records it as ``"python:NAME"``, and resuming it needs the same `model` again.
+
+    `transform` (`mcfl.transforms`) is what every client message goes through between local
+    training and the server's step, for any algorithm (default: none); the summary records its
+    name, and resuming a run needs the same `transform` again.
 
     `progress(round, row)` is called after every round with that round's metrics; `observers`
     hear about every round and the end (`RunObserver`). A prepared
@@ -186,7 +195,7 @@ def run(
                          folder=folder if checkpoints is not None else None)
         try:
             return _run(config, dataset, plan, started, observers, profile_dir, mesh, output,
-                        None if resume is None else Path(resume))
+                        None if resume is None else Path(resume), transform)
         except BaseException as stop:
             replacing = target is not None and target.pending
             if target is not None:
@@ -267,6 +276,7 @@ def _run(
     mesh: Optional[jax.sharding.Mesh] = None,
     output: Optional[_Output] = None,
     resume_dir: Optional[Path] = None,
+    transform: Optional[MessageTransform] = None,
 ) -> RunResult:
     """Train `config` on `dataset` (of the config's clients) by `plan` (`run` checks both
     before the run folder is made)."""
@@ -274,7 +284,8 @@ def _run(
     init_key, rounds_key = run_keys(config.seed)
     output = output or _Output()
     program, store = run_program(config, plan, data, output.folder,
-                                 jit_options=distributed.replicated_outputs(mesh))
+                                 jit_options=distributed.replicated_outputs(mesh),
+                                 transform=transform)
     try:
         return _run_program(program, store, config, dataset, started, observers, profile_dir,
                             output, resume_dir, init_key, rounds_key)
@@ -329,6 +340,7 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
         return {**out, "init_seconds": init_seconds,
                 "compile_seconds": program.compile_seconds - compiled_before,
                 "low_rank": plan.low_rank, "devices": engine.client_shards(),
+                "transform": program.transform.name,
                 "client_store": store.kind, "client_store_reason": store.reason}
 
     def save(last_round: int, state) -> None:
@@ -373,9 +385,10 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     if program.clustered and config.embed_clients > 0:
         embedding = _embedding(program, store.kind, config, state, data, rounds_key,
                                final_assignment, dataset)
-    result = RunResult(config, summary, record.rows, clients, state, stacked,
+    result = RunResult(config, summary, record.rows, clients, program.algorithm_state(state),
+                       stacked,
                        np.asarray(record.assignment_rounds) if stacked is not None else None,
-                       embedding)
+                       embedding, getattr(state, "rows", None))
     for observer in observers:
         observer.finished(result)
     return result
@@ -385,11 +398,10 @@ def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state,
                rounds_key, assignment, dataset: FederatedDataset) -> dict[str, np.ndarray]:
     """The 2-D projection of sampled clients' local models, with their clusters."""
     hp = hyperparams(config, program.plan.model)
-    with engine.planned_block_size(program.plan.train_block):
-        found, _ = embedding_for_run(
-            program.algorithm, hp.training, config.embed_clients, program.plan.params_count,
-            store_kind, getattr(program, "folder", None), program.algorithm_state(state), data,
-            jax.random.fold_in(rounds_key, config.rounds + 1))
+    found, _ = embedding_for_run(
+        program.algorithm, hp.training, config.embed_clients, program.plan.params_count,
+        store_kind, getattr(program, "folder", None), program.algorithm_state(state), data,
+        jax.random.fold_in(rounds_key, config.rounds + 1), program.plan.train_block)
     found = jax.device_get(found)
     clients = np.asarray(found.clients)
     out = {"clients": clients, "coords": np.asarray(found.coords),

@@ -29,15 +29,6 @@ def resolve_clients_per_round(value: int | float | None, num_clients: int) -> in
     return value
 
 
-def round_clients(data, key: jax.Array, num_sampled: int) -> jax.Array:
-    """The clients that train this round ([S] int32): those a schedule chose
-    (`mcfl.algorithms.schedule`, handed over in ``data.round_clients``), else `num_sampled`
-    distinct clients at random."""
-    if data.round_clients.shape[0] == num_sampled:
-        return data.round_clients
-    return sample_clients(key, data.num_clients, num_sampled)
-
-
 def sample_clients(key: jax.Array, num_clients: int, num_sampled: int) -> jax.Array:
     """`num_sampled` distinct client ids at random ([S] int32): the first S of a keyed
     pseudo-random permutation of the clients (`mcfl.permutation`), which costs O(S) where

@@ -48,18 +48,16 @@ def build_small(name: str):
 
 
 def scan(bound, state, data, rounds_key, first: int, count: int):
-    """`scan_rounds` of a bound algorithm (`conftest.Bound`), traced under its block size."""
+    """`scan_rounds` of a bound algorithm (`conftest.Bound`): (final state, stacked metrics)."""
     import functools
 
     import jax
 
-    from mcfl.algorithms.base import scan_rounds
-    from mcfl.engine import planned_block_size
+    from mcfl.algorithms.device import scan_rounds
 
-    with planned_block_size(bound.block_size):
-        run = jax.jit(functools.partial(scan_rounds, bound.algorithm, bound.hp),
-                      static_argnums=(4,))
-        return run(state, data, rounds_key, first, count)
+    run = jax.jit(functools.partial(scan_rounds, bound.device, bound.hp), static_argnums=(4,))
+    final, stacked = run(bound.device_state(state), data, rounds_key, first, count)
+    return (final if bound.rows or bound.transform.acts else final.algorithm), stacked
 
 
 def run_summary(algorithm, state, losses: list) -> dict:
@@ -101,7 +99,7 @@ def rounds_run(algorithm, data, step=None):
     step = step or jax.jit(algorithm.round)
     state, rows = state0, []
     for r in range(1, SETTINGS["rounds"] + 1):
-        state, metrics = step(state, data, jax.random.fold_in(rounds_key, r))
+        state, metrics = step(state, data, jax.random.fold_in(rounds_key, r), r)
         rows.append(jax.device_get(metrics))
     return state0, state, rows, init_key, rounds_key
 

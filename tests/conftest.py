@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -172,33 +174,70 @@ def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permu
 
 
 class Bound:
-    """A built algorithm with its hyperparameters and block size fixed: ``init(data, key)`` and
-    ``round(state, data, key)``, traced under the block size (`engine.planned_block_size`), as
-    a run's program traces them."""
+    """A built algorithm with its hyperparameters fixed, run on the device as a run's program
+    runs it (`mcfl.algorithms.device.on_device`): ``init(data, key)`` and ``round(state, data,
+    key, round_=1)`` (`round_`: the round's number, which only a client schedule reads). Its
+    states are the algorithm's own for an algorithm without per-client rows, else the
+    `DeviceState` (rows in `.rows`, the algorithm's state in `.algorithm`).
+    ``client_models(state)`` gives every client's models as ``(models [M, ...], index [C] or
+    None)``, made from the rows for an algorithm that keeps them."""
 
-    def __init__(self, algorithm, hp, block_size=None):
-        from mcfl.engine import planned_block_size
+    def __init__(self, algorithm, hp, block_size=None, transform=None):
+        from mcfl.algorithms.device import DeviceState, on_device
+        from mcfl.transforms import IDENTITY
 
         self.algorithm, self.hp, self.block_size = algorithm, hp, block_size
-        self.name = algorithm.name
-        self.client_models = algorithm.client_models
-        self.assignments = algorithm.assignments
-        self.view = algorithm.view
-        self.client_rows, self.store_dtype = algorithm.client_rows, algorithm.store_dtype
+        transform = IDENTITY if transform is None else transform
+        self.transform = transform
+        self.device = device = on_device(algorithm, transform)
+        self.participants = algorithm.participants
+        self.client_state = algorithm.client_state
+        self.rows = algorithm.rows
+
+        def wrap(state):
+            if self.rows or transform.acts:
+                return state
+            return DeviceState(state, None, None)
+
+        def unwrap(state):
+            return state if (self.rows or transform.acts) else state.algorithm
 
         def init(data, key):
-            with planned_block_size(block_size):
-                return algorithm.init(data, key, hp)
+            return unwrap(device.init(data, key, hp))
 
-        def round(state, data, key):
-            with planned_block_size(block_size):
-                return algorithm.round(state, data, key, hp)
+        def round(state, data, key, round_=1):
+            state, metrics = device.round(wrap(state), data, key, hp, round_)
+            return unwrap(state), metrics
 
         self.init, self.round = init, round
+        self._wrap = wrap
+        self.assignments = None  # as the algorithm's: None, or each client's cluster
+        if algorithm.assignments is not None:
+            self.assignments = lambda state: algorithm.assignments(self.algorithm_state(state))
 
-    def __getattr__(self, name):
-        """The algorithm's other fields (evaluation_apply, personalised, ...) as they are."""
-        return getattr(self.algorithm, name)
+    def device_state(self, state):
+        """`state` as the run holds it (`DeviceState`)."""
+        return self._wrap(state)
+
+    def algorithm_state(self, state):
+        return self._wrap(state).algorithm
+
+    def client_models(self, state, data=None):
+        """(models [M, ...], index [C] or None) every client is evaluated with."""
+        from mcfl.algorithms.stored import fresh_like, to_training
+
+        state = self.device_state(state)
+        if self.rows:
+            rows = to_training(state.rows, fresh_like(self.client_state, state.algorithm))
+            count = jax.tree.leaves(rows)[0].shape[0]
+            clients = jnp.arange(count, dtype=jnp.int32)
+            return self.client_state.models(state.algorithm, rows, clients), clients
+        described = self.algorithm.client_models(state.algorithm, data)
+        return described.models, described.index
+
+    def described(self, state, data=None):
+        """The algorithm's `ClientModels` of `state`."""
+        return self.algorithm.client_models(self.algorithm_state(state), data)
 
 
 def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
@@ -206,7 +245,7 @@ def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
     `mcfl.algorithms.schedule.with_schedule` and their `args`); `shift_prob` sets
     ``hp.shift_prob``."""
     hp = bound.hp if shift_prob is None else bound.hp.replace(shift_prob=shift_prob)
-    return Bound(wrapper(bound.algorithm, *args), hp, bound.block_size)
+    return Bound(wrapper(bound.algorithm, *args), hp, bound.block_size, bound.transform)
 
 
 def algorithm(name, model, training, clients_per_round, block_size, clusters=1, **params):
@@ -215,5 +254,6 @@ def algorithm(name, model, training, clients_per_round, block_size, clusters=1, 
     from mcfl.algorithms import AlgorithmContext, Hyperparams, get
 
     spec = get(name)
-    built = spec.build(AlgorithmContext(model, clients_per_round, clusters))
+    built = spec.build(AlgorithmContext(model, clients_per_round, clusters,
+                                        block_size=block_size))
     return Bound(built, Hyperparams(training, spec.params_with(**params)), block_size)

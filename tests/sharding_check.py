@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from mcfl import engine
-from mcfl.algorithms import build_algorithm, hyperparams
+from mcfl.algorithms import build_algorithm, hyperparams, on_device
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
 from mcfl.models import make_model
@@ -24,19 +24,21 @@ ROUNDS = 3
 def train(config: RunConfig, devices: int, block_size: int) -> dict:
     dataset = load_dataset(config)
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
-    algorithm = build_algorithm(config, model, CLIENTS)
+    algorithm = build_algorithm(config, model, CLIENTS, block_size)
+    device = on_device(algorithm)
     hp = hyperparams(config, model)
     init_key, rounds_key = jax.random.split(jax.random.key(config.seed))
-    with jax.set_mesh(engine.client_mesh(devices)), engine.planned_block_size(block_size):
+    with jax.set_mesh(engine.client_mesh(devices)):
         assert engine.client_shards() == devices
-        state = jax.jit(lambda d, k: algorithm.init(d, k, hp))(dataset.arrays, init_key)
-        round_fn = jax.jit(lambda s, d, k: algorithm.round(s, d, k, hp))
+        state = jax.jit(lambda d, k: device.init(d, k, hp))(dataset.arrays, init_key)
+        round_fn = jax.jit(lambda s, d, k, r: device.round(s, d, k, hp, r))
         losses = []
         for r in range(1, ROUNDS + 1):
-            state, metrics = round_fn(state, dataset.arrays, jax.random.fold_in(rounds_key, r))
+            state, metrics = round_fn(state, dataset.arrays, jax.random.fold_in(rounds_key, r),
+                                      r)
             losses.append(float(metrics["train_loss"]))
-        models, _ = algorithm.client_models(state)
-        lowered = round_fn.lower(state, dataset.arrays, rounds_key).as_text()
+        models = algorithm.client_models(state.algorithm, dataset.arrays).models
+        lowered = round_fn.lower(state, dataset.arrays, rounds_key, 1).as_text()
     return {
         "psum_in_program": "all_reduce" in lowered or "all-reduce" in lowered,
         "leaves": [np.asarray(x, np.float64).ravel()[:200].tolist()

@@ -15,7 +15,7 @@ import mcfl
 import mcfl.data
 import mcfl.program
 import mcfl.records
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.base import FederatedAlgorithm, wrapping
 from mcfl.apps.cli import main
 
 
@@ -138,14 +138,15 @@ def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAl
     def init(data, key, hp):
         return (algorithm.init(data, key, hp), jnp.zeros((), jnp.int32))
 
-    def round_(state, data, key, hp):
+    def round_(state, data, key, hp, exchange):
         inner, count = state
-        inner, metrics = algorithm.round(inner, data, key, hp)
+        inner, metrics, exchange = algorithm.round(inner, data, key, hp, exchange)
         count = count + 1
         metrics["train_loss"] = jnp.where(count >= bad_from_round, jnp.nan, metrics["train_loss"])
-        return (inner, count), metrics
+        return (inner, count), metrics, exchange
 
-    return FederatedAlgorithm(algorithm.name, init, round_, lambda s: algorithm.client_models(s[0]))
+    return wrapping(algorithm, init, round_,
+                    lambda s, *a: algorithm.participants(s[0], *a))
 
 
 def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys):
@@ -185,7 +186,9 @@ def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch):
     build = mcfl.program.build_algorithm
-    evaluate_counts = mcfl.program.engine.evaluate_counts
+    from mcfl.algorithms import device
+
+    evaluate_counts = device.engine.evaluate_counts
     traces = {"round": 0, "evaluate": 0}
 
     def counting(name, fn):
@@ -200,9 +203,7 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
         return algorithm._replace(round=counting("round", algorithm.round))
 
     monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
-    monkeypatch.setattr(
-        mcfl.program.engine, "evaluate_counts", counting("evaluate", evaluate_counts)
-    )
+    monkeypatch.setattr(device.engine, "evaluate_counts", counting("evaluate", evaluate_counts))
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
     assert traces == {"round": 1, "evaluate": 1}  # 4 rounds, 4 evaluations, one trace each

@@ -40,7 +40,8 @@ def _training(model, lr=0.05, **kw):
 
 
 def _accuracy(algorithm, state, dataset, model):
-    return aggregate(evaluate(algorithm, state, dataset, model.apply, 50))["accuracy_micro"]
+    return aggregate(evaluate(algorithm.algorithm, algorithm.device_state(state), dataset,
+                              model.apply, 50))["accuracy_micro"]
 
 
 def test_fesem_and_ifca_recover_planted_clusters_and_beat_fedavg(planted):

@@ -86,7 +86,7 @@ def test_scaffold_control_variates_as_a_per_client_loop(ragged):
     training = LocalTraining(model.apply, lr=0.05, batch_size=10, local_epochs=1)
     algorithm = build("scaffold", model, training, 3, 2, server_lr=0.8)
     state = algorithm.init(data, jax.random.key(1))
-    x = state.shared[0]
+    x = state.algorithm[0]
     zero = jax.tree.map(np.zeros_like, x)
     c, ci = zero, [zero] * 6
     step = jax.jit(algorithm.round)
@@ -107,8 +107,8 @@ def test_scaffold_control_variates_as_a_per_client_loop(ragged):
         c = jax.tree.map(lambda g, *pairs: g + sum(pairs) / 6, c,
                          *[jax.tree.map(lambda a, b: a - b, new_c[k], ci[k]) for k in clients])
         ci = new_c
-        chex.assert_trees_all_close(state.shared[0], x, atol=2e-5)
-        chex.assert_trees_all_close(state.shared[1], c, atol=2e-4)
+        chex.assert_trees_all_close(state.algorithm[0], x, atol=2e-5)
+        chex.assert_trees_all_close(state.algorithm[1], c, atol=2e-4)
         for k in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda t, k=k: t[k], state.rows), ci[k],
                                         atol=2e-4)

@@ -91,7 +91,7 @@ def test_training_a_fixed_selection_does_not_depend_on_the_population():
     clients = jnp.arange(3, dtype=jnp.int32)
     results = []
     for num_others in (100, 10_000):
-        models, stats = train_and_collect(training, with_others(num_others), jax.random.key(2),
+        models, stats, _ = train_and_collect(training, with_others(num_others), jax.random.key(2),
                                           params, RoundClients(clients, jnp.zeros_like(clients)),
                                           block_size=2)
         results.append((models, stats.steps))
@@ -106,7 +106,7 @@ def test_each_client_trains_exactly_its_own_steps(ragged):
     params = model.init(jax.random.key(0))
     clients = jnp.arange(6, dtype=jnp.int32)
     key = jax.random.key(3)
-    models, stats = train_and_collect(
+    models, stats, _ = train_and_collect(
         training,
         data,
         key,

@@ -38,7 +38,7 @@ def test_edc_grouping_agrees_with_sklearn_pipeline(planted):
     model, training = _setup()
     w0 = model.init(jax.random.key(0))
     cold = jnp.arange(40, dtype=jnp.int32)
-    trained, _ = train_and_collect(training, planted.arrays, jax.random.key(1), stack(w0),
+    trained, _, _ = train_and_collect(training, planted.arrays, jax.random.key(1), stack(w0),
                                    RoundClients(cold, jnp.zeros_like(cold)), 8)
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])
     updates = np.asarray(flat(trained) - ravel_pytree(w0)[0][None])
@@ -129,7 +129,7 @@ def test_label_aware_shift_sees_what_the_count_vector_test_misses():
 
 def _current_truth(planted, algorithm, state):
     """The planted cluster of the rows each client holds now (a swap moves them)."""
-    shifted = algorithm.view(state, planted.arrays)
+    shifted = algorithm.described(state, planted.arrays).data
     original_owner = np.asarray(planted.arrays.train_owner)  # rows stored by original client
     first = np.asarray(shifted.train_order)[np.asarray(shifted.train_offsets)]
     return planted.true_cluster[original_owner[first]]

@@ -14,7 +14,7 @@ from conftest import planted_gaussian, ragged_dataset
 import mcfl
 from mcfl.engine import LocalTraining
 from mcfl.models import make_model
-from mcfl.sampling import round_clients
+from mcfl.sampling import sample_clients
 
 CLIENTS, PER_ROUND = 6, 2
 
@@ -48,7 +48,8 @@ def test_each_client_keeps_the_model_it_started_its_last_round_from(tiny, name):
     round_fn, seen = jax.jit(last.round), set()
     for r in range(1, 5):
         round_key = jax.random.key(r)
-        clients = np.asarray(round_clients(data, jax.random.split(round_key)[0], PER_ROUND))
+        clients = np.asarray(sample_clients(jax.random.split(round_key)[0], CLIENTS,
+                                            PER_ROUND))
         new_state, _ = round_fn(state, data, round_key)
         # IFCA's clients start from the cluster they join this round; FeSEM's from their center
         start = (new_state.assignment if name == "ifca" else state.assignment)[clients]

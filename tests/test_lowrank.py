@@ -93,7 +93,7 @@ def test_low_rank_equals_plain_per_client_loop(setup):
     key = jax.random.key(5)
     c = len(SIZES)
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.zeros(c, jnp.int32))
-    trained, stats = engine.train_and_collect(t, data, key, jax.tree.map(lambda x: x[None],
+    trained, stats, _ = engine.train_and_collect(t, data, key, jax.tree.map(lambda x: x[None],
                                               params), selection, block_size=4)
     for client in (0, 1, 4):
         expected, steps = reference_local_train(t, data, key, params, client)

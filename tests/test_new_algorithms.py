@@ -123,7 +123,7 @@ def test_robust_start_points_are_local_models_after_the_start_epochs(start_epoch
                       robust_start_epochs=start_epochs)
     key = jax.random.key(3)
     clients = jnp.arange(4, dtype=jnp.int32)
-    points = jax.jit(lambda: algorithm.algorithm.population_start.points(
+    points = jax.jit(lambda: algorithm.client_state.start.points(
         data, key, algorithm.hp, clients))()
     init_key, train_key, _ = jax.random.split(key, 3)
     w0 = model.init(init_key)
@@ -217,7 +217,8 @@ def test_clustered_baselines_beat_fedavg_on_planted_clusters(planted, name):
         step = jax.jit(algorithm.round)
         for r in range(8):
             state, _ = step(state, data, jax.random.key(r))
-        results[algo] = aggregate(evaluate(algorithm, state, planted, model.apply, 16))
+        results[algo] = aggregate(evaluate(algorithm.algorithm, algorithm.device_state(state),
+                                           planted, model.apply, 16))
     assert results[name]["accuracy_micro"] > results["fedavg"]["accuracy_micro"] + 0.25, results
 
 

@@ -10,10 +10,10 @@ import optax
 import pytest
 from conftest import algorithm as build
 
+from mcfl.algorithms.device import evaluation_counts
 from mcfl.engine import LocalTraining, evaluate_clients
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.program import evaluation_counts
 from mcfl.sampling import sample_clients
 from tests.reference import client_train_rows, reference_batches, reference_local_train
 
@@ -32,8 +32,8 @@ def test_own_layers_stay_and_shared_layers_average_as_a_per_client_loop(ragged, 
     key_name, own = SPLITS[name]
     algorithm = build(name, model, training, 4, 3, **{key_name: 1})
     state = algorithm.init(data, jax.random.key(0))
-    w0 = jax.tree.map(lambda x: x, {**state.shared[0], **state.shared[1]})
-    assert set(state.shared[1]) == own and set(state.shared[0]) | own == set(w0)
+    w0 = jax.tree.map(lambda x: x, {**state.algorithm[0], **state.algorithm[1]})
+    assert set(state.algorithm[1]) == own and set(state.algorithm[0]) | own == set(w0)
     shared = {k: v for k, v in w0.items() if k not in own}
     rows = [{k: w0[k] for k in own} for _ in range(6)]
     step = jax.jit(algorithm.round)
@@ -52,12 +52,12 @@ def test_own_layers_stay_and_shared_layers_average_as_a_per_client_loop(ragged, 
                                   *[trained[c][k] for c in clients]) for k in shared}
         for c in clients:
             rows[c] = {k: trained[c][k] for k in own}
-        chex.assert_trees_all_close(state.shared[0], shared, atol=1e-5)
+        chex.assert_trees_all_close(state.algorithm[0], shared, atol=1e-5)
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows), rows[c],
                                         atol=1e-5)
     # evaluated with the shared layers and its own
-    models, index = algorithm.algorithm.client_models(state)
+    models, index = algorithm.client_models(state)
     chex.assert_trees_all_close(jax.tree.map(lambda x: x[index[2]], models),
                                 {**shared, **rows[2]}, atol=1e-5)
 
@@ -80,7 +80,7 @@ def test_ditto_global_and_personal_models_as_a_per_client_loop(ragged):
     training = LocalTraining(model.apply, lr=0.05, batch_size=10, local_epochs=2)
     algorithm = build("ditto", model, training, 4, 3, ditto_lambda=0.5)
     state = algorithm.init(data, jax.random.key(2))
-    w = state.shared[0]
+    w = state.algorithm[0]
     personal = [w] * 6
     step = jax.jit(algorithm.round)
     for r in range(2):
@@ -97,11 +97,11 @@ def test_ditto_global_and_personal_models_as_a_per_client_loop(ragged):
                                                    personal[c], int(c), anchor=w)
         share = counts / counts.sum()
         w = jax.tree.map(lambda *leaves, s=share: sum(p * x for p, x in zip(s, leaves)), *trained)
-        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        chex.assert_trees_all_close(state.algorithm[0], w, atol=2e-5)
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
                                         personal[c], atol=2e-5)
-    models, index = algorithm.algorithm.client_models(state)
+    models, index = algorithm.client_models(state)
     chex.assert_trees_all_close(jax.tree.map(lambda x: x[index[3]], models), personal[3],
                                 atol=2e-5)
 
@@ -127,7 +127,7 @@ def test_apfl_mixtures_as_a_per_client_loop(ragged):
     algorithm = build("apfl", model, training, 3, 3, apfl_alpha=0.4)
     state = algorithm.init(data, jax.random.key(3))
     _, grad = _ce(model)
-    w = state.shared[0]
+    w = state.algorithm[0]
     v, alpha = [w] * 6, [0.4] * 6
     step = jax.jit(algorithm.round)
     for r in range(2):
@@ -151,12 +151,12 @@ def test_apfl_mixtures_as_a_per_client_loop(ragged):
         share = np.asarray(data.train_counts)[clients] / np.sum(
             np.asarray(data.train_counts)[clients])
         w = jax.tree.map(lambda *x, s=share: sum(p * u for p, u in zip(s, x)), *trained_w)
-        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        chex.assert_trees_all_close(state.algorithm[0], w, atol=2e-5)
         np.testing.assert_allclose(state.rows[1], alpha, atol=2e-5)
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows[0]), v[c],
                                         atol=2e-5)
-    models, index = algorithm.algorithm.client_models(state)
+    models, index = algorithm.client_models(state)
     want = jax.tree.map(lambda p, q: alpha[1] * p + (1 - alpha[1]) * q, v[1], w)
     chex.assert_trees_all_close(jax.tree.map(lambda x: x[index[1]], models), want, atol=2e-5)
 
@@ -171,8 +171,8 @@ def test_fedrep_head_then_body_as_a_per_client_loop(ragged):
     algorithm = build("fedrep", model, training, 3, 3, fedrep_head_epochs=2)
     state = algorithm.init(data, jax.random.key(4))
     _, grad = _ce(model)
-    body = state.shared[0]
-    heads = [state.shared[1]] * 6
+    body = state.algorithm[0]
+    heads = [state.algorithm[1]] * 6
     assert set(body) == {"Dense_0"} and set(heads[0]) == {"Dense_1"}
     step = jax.jit(algorithm.round)
     for r in range(2):
@@ -194,7 +194,7 @@ def test_fedrep_head_then_body_as_a_per_client_loop(ragged):
         share = np.asarray(data.train_counts)[clients] / np.sum(
             np.asarray(data.train_counts)[clients])
         body = jax.tree.map(lambda *x, s=share: sum(p * u for p, u in zip(s, x)), *bodies)
-        chex.assert_trees_all_close(state.shared[0], body, atol=2e-5)
+        chex.assert_trees_all_close(state.algorithm[0], body, atol=2e-5)
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
                                         heads[c], atol=2e-5)
@@ -211,7 +211,7 @@ def test_pfedme_personal_and_local_models_as_a_per_client_loop(ragged):
                       pfedme_personal_lr=0.1, pfedme_inner_steps=3, pfedme_beta=1.5)
     state = algorithm.init(data, jax.random.key(5))
     _, grad = _ce(model)
-    w = state.shared[0]
+    w = state.algorithm[0]
     theta = [w] * 6
     step = jax.jit(algorithm.round)
     for r in range(2):
@@ -230,7 +230,7 @@ def test_pfedme_personal_and_local_models_as_a_per_client_loop(ragged):
             theta[c] = t
             locals_.append(wc)
         w = jax.tree.map(lambda g, *x: -0.5 * g + 1.5 * np.mean(x, axis=0), w, *locals_)
-        chex.assert_trees_all_close(state.shared[0], w, atol=2e-5)
+        chex.assert_trees_all_close(state.algorithm[0], w, atol=2e-5)
         for c in range(6):
             chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[c], state.rows),
                                         theta[c], atol=2e-5)
@@ -263,7 +263,7 @@ def test_fedem_and_fedrc_em_steps_and_mixtures_as_a_per_client_loop(ragged, name
     training = LocalTraining(model.apply, lr=0.1, batch_size=10, local_epochs=2)
     algorithm = build(name, model, training, 3, 3, clusters=2)
     state = algorithm.init(data, jax.random.key(5))
-    theta = [jax.tree.map(lambda x, m=m: x[m], state.shared.components) for m in range(2)]
+    theta = [jax.tree.map(lambda x, m=m: x[m], state.algorithm.components) for m in range(2)]
     pi = np.full((6, 2), 0.5)
     labels = np.full((6, 2, 3), 1 / 3)  # FedRC's soft label counts
     per_row = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
@@ -299,19 +299,19 @@ def test_fedem_and_fedrc_em_steps_and_mixtures_as_a_per_client_loop(ragged, name
                               *[t[m] for t in trained]) for m in range(2)]
         for m in range(2):
             chex.assert_trees_all_close(
-                jax.tree.map(lambda x, m=m: x[m], state.shared.components), theta[m], atol=2e-5)
+                jax.tree.map(lambda x, m=m: x[m], state.algorithm.components), theta[m], atol=2e-5)
         if name == "fedrc":
             np.testing.assert_allclose(state.rows[0], pi, atol=2e-5)
             np.testing.assert_allclose(state.rows[1], labels, atol=1e-4)
-            np.testing.assert_allclose(state.shared.label_totals, labels.sum(0), rtol=1e-5)
+            np.testing.assert_allclose(state.algorithm.label_totals, labels.sum(0), rtol=1e-5)
         else:
             np.testing.assert_allclose(state.rows, pi, atol=2e-5)
-    np.testing.assert_array_equal(algorithm.algorithm.assignments(state),
+    np.testing.assert_array_equal(algorithm.assignments(state),
                                   np.where(pi[:, 1] > pi[:, 0], 1, 0))
-    models, index = algorithm.algorithm.client_models(state)
+    models, index = algorithm.client_models(state)
     # Evaluation chunks count a client's evaluated mixture (2 MCLRs of 18 weights, 2 log-pis),
     # not its row (2 or 8 numbers): 3,000 Fashion-MNIST clients held 8.2 GB of them at once.
-    assert evaluated_floats(algorithm.algorithm.client_rows, state.shared) == 2 * 18 + 2
+    assert evaluated_floats(algorithm.client_state, state.algorithm) == 2 * 18 + 2
     x = data.x_test[:7]
     got = mixture_apply(model.apply)(jax.tree.map(lambda v: v[index[4]], models), x)
     probs = sum(pi[4, m] * jax.nn.softmax(model.apply(theta[m], x)) for m in range(2))
@@ -359,16 +359,17 @@ def test_perfedavg_maml_steps_and_personalised_models_as_a_per_client_loop(ragge
         w = jax.tree.map(lambda *x: sum(x) / len(x), *trained)
         chex.assert_trees_all_close(state.params, w, atol=2e-5)
     chosen = jax.numpy.asarray([1, 4], jax.numpy.int32)
-    personal = algorithm.algorithm.personalised(state, chosen, data)
+    personal = algorithm.described(state, data).of_clients(chosen)
     for i, c in enumerate([1, 4]):
         want = _sub(w, grad(w, *client_train_rows(data, c)), 0.3)
         chex.assert_trees_all_close(jax.tree.map(lambda x, i=i: x[i], personal), want,
                                     atol=2e-5)
     # a run's evaluation is with these models
     everyone = jax.numpy.arange(6, dtype=jax.numpy.int32)
-    counts, _ = evaluation_counts(algorithm.algorithm, model.apply, 3, state, data)
+    counts, _ = evaluation_counts(algorithm.algorithm, model.apply, 3,
+                                  algorithm.device_state(state), data)
     chex.assert_trees_all_close(counts, evaluate_clients(
-        model.apply, data, algorithm.algorithm.personalised(state, everyone, data), everyone, 3))
+        model.apply, data, algorithm.described(state, data).of_clients(everyone), everyone, 3))
 
 
 def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client_loop(ragged):
@@ -385,7 +386,7 @@ def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client
     algorithm = build("fedsoft", model, training, 3, 3, clusters=2, fedsoft_lambda=0.5,
                       fedsoft_interval=2, fedsoft_smoother=0.05)
     state = algorithm.init(data, jax.random.key(7))
-    centers = [jax.tree.map(lambda x, s=s: x[s], state.shared.centers) for s in range(2)]
+    centers = [jax.tree.map(lambda x, s=s: x[s], state.algorithm.centers) for s in range(2)]
     per_row = jax.jit(lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(
         model.apply(p, x), y))
     counts = np.asarray(data.train_counts)
@@ -417,15 +418,15 @@ def test_fedsoft_importance_weights_proximal_updates_and_centers_as_a_per_client
         centers = [jax.tree.map(lambda *x, a=shares[:, s]: sum(w * v for w, v in zip(a, x)),
                                 *[local[c] for c in clients]) for s in range(2)]
         for s in range(2):
-            chex.assert_trees_all_close(jax.tree.map(lambda x, s=s: x[s], state.shared.centers),
+            chex.assert_trees_all_close(jax.tree.map(lambda x, s=s: x[s], state.algorithm.centers),
                                         centers[s], atol=2e-5)
-        np.testing.assert_allclose(state.shared.weights, u, atol=1e-6)
-    models, index = algorithm.algorithm.client_models(state)
+        np.testing.assert_allclose(state.algorithm.weights, u, atol=1e-6)
+    models, index = algorithm.client_models(state)
     for c in range(6):
         want = mix(u[c]) if local[c] is None else local[c]
         chex.assert_trees_all_close(jax.tree.map(lambda x, c=c: x[index[c]], models), want,
                                     atol=2e-5)
-    np.testing.assert_array_equal(algorithm.algorithm.assignments(state), np.argmax(u, 1))
+    np.testing.assert_array_equal(algorithm.assignments(state), np.argmax(u, 1))
 
 
 def _flat(params):
@@ -447,7 +448,7 @@ def test_stocfl_representations_merges_slots_and_models_as_a_per_client_loop(rag
     algorithm = build("stocfl", model, training, 3, 3, clusters=1, stocfl_tau=tau,
                       stocfl_mu=mu, stocfl_observe_epochs=2)
     state = algorithm.init(data, jax.random.key(8))
-    shared = state.shared
+    shared = state.algorithm
     glob, anchor = shared.global_model, shared.anchor
     slots = [jax.tree.map(lambda x, k=k: x[k], shared.slots) for k in range(1)]
     used, cluster_of, slot_of = [False], np.arange(6), np.full(6, -1)
@@ -507,15 +508,15 @@ def test_stocfl_representations_merges_slots_and_models_as_a_per_client_loop(rag
         glob = jax.tree.map(lambda *x: sum(x) / len(x), *trained_globals)
         for k, ws in trained_clusters.items():
             slots[k] = jax.tree.map(lambda *x: sum(x) / len(x), *ws)
-        chex.assert_trees_all_close(state.shared.global_model, glob, atol=2e-5)
-        np.testing.assert_array_equal(state.shared.cluster_of, cluster_of)
-        np.testing.assert_array_equal(state.shared.slot_of, slot_of)
-        np.testing.assert_array_equal(state.shared.used, used)
+        chex.assert_trees_all_close(state.algorithm.global_model, glob, atol=2e-5)
+        np.testing.assert_array_equal(state.algorithm.cluster_of, cluster_of)
+        np.testing.assert_array_equal(state.algorithm.slot_of, slot_of)
+        np.testing.assert_array_equal(state.algorithm.used, used)
         for k in range(len(used)):
             if used[k]:
                 chex.assert_trees_all_close(
-                    jax.tree.map(lambda x, k=k: x[k], state.shared.slots), slots[k], atol=2e-5)
+                    jax.tree.map(lambda x, k=k: x[k], state.algorithm.slots), slots[k], atol=2e-5)
         for c in clients:
             np.testing.assert_allclose(np.asarray(state.rows)[c], psi[c], atol=1e-5)
     assert merges >= 1
-    np.testing.assert_array_equal(algorithm.algorithm.assignments(state), slot_of[cluster_of])
+    np.testing.assert_array_equal(algorithm.assignments(state), slot_of[cluster_of])

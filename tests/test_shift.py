@@ -43,7 +43,7 @@ def test_swap_all_swaps_every_row_of_two_clients():
     _, _, algorithm = _algorithm(dataset, "swap_all")
     state = algorithm.init(data, jax.random.key(0))
     state, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1))
-    shifted = algorithm.view(state, data)
+    shifted = algorithm.described(state, data).data
     moved = [c for c in range(6) if not np.array_equal(_rows_of(shifted, c), _rows_of(data, c))]
     assert len(moved) == 2
     a, b = moved
@@ -75,7 +75,7 @@ def test_swap_part_trades_one_unshared_label():
     _, _, algorithm = _algorithm(dataset, "swap_part")
     state = algorithm.init(dataset.arrays, jax.random.key(0))
     state, _ = jax.jit(algorithm.round)(state, dataset.arrays, jax.random.key(3))
-    shifted = algorithm.view(state, dataset.arrays)
+    shifted = algorithm.described(state, dataset.arrays).data
     labels = [set(y[_rows_of(shifted, c)].tolist()) for c in (0, 1)]
     assert len(labels[0]) == len(labels[1]) == 2
     assert len(labels[0] & {0, 1}) == 1 and len(labels[0] & {2, 3}) == 1
@@ -89,11 +89,11 @@ def test_incremental_releases_a_quarter_every_interval():
     _, _, algorithm = _algorithm(dataset, "incremental", interval=2)
     state = algorithm.init(data, jax.random.key(0))
     full = np.asarray(data.train_counts)
-    seen = [np.asarray(algorithm.view(state, data).train_counts)]
+    seen = [np.asarray(algorithm.described(state, data).data.train_counts)]
     step = jax.jit(algorithm.round)
     for r in range(7):
         state, _ = step(state, data, jax.random.key(r))
-        seen.append(np.asarray(algorithm.view(state, data).train_counts))
+        seen.append(np.asarray(algorithm.described(state, data).data.train_counts))
     for r, counts in enumerate(seen[1:]):  # the view round r trained on
         fraction = min(0.25 * (1 + r // 2), 1.0)
         np.testing.assert_array_equal(counts, np.ceil(fraction * full))

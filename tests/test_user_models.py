@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import ragged_dataset
+from conftest import Bound, ragged_dataset
 
 import mcfl
 from mcfl.algorithms import get, local_training
@@ -197,7 +197,7 @@ def test_train_mode_equals_a_per_client_loop_and_statistics_are_averaged(data):
     key = jax.random.key(7)
     clients = jnp.array([0, 1, 3], jnp.int32)
     selection = RoundClients(clients, jnp.zeros(3, jnp.int32))
-    trained, stats = jax.jit(lambda: train_and_collect(training, data, key, stacked,
+    trained, stats, _ = jax.jit(lambda: train_and_collect(training, data, key, stacked,
                                                        selection, block_size=2))()
     expected = [_reference_client(model, data, key, start, int(c), 3, 0.1, 4) for c in clients]
     for i in range(3):
@@ -209,7 +209,7 @@ def test_train_mode_equals_a_per_client_loop_and_statistics_are_averaged(data):
     assert not np.allclose(means[0], means[1])
     # FedAvg's sum: the statistics are averaged with the parameters, by training rows
     weights = data.train_counts[clients].astype(jnp.float32)
-    sums, weight_sums, _, _ = jax.jit(lambda: train_and_aggregate(
+    sums, weight_sums, _, _, _ = jax.jit(lambda: train_and_aggregate(
         training, data, key, stacked, selection, weights, jnp.zeros(3, jnp.int32), 1,
         block_size=2))()
     mean = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
@@ -225,12 +225,12 @@ def test_fedbn_keeps_each_clients_norm_layers(data):
     their own; a client not yet sampled keeps the initial ones."""
     model = make_model(NormNet(), (5,), 3)
     config = mcfl.RunConfig(lr=0.1, local_steps=2, batch_size=4, bn="local")
-    algorithm = with_local_norm(
-        get("fedavg").build(mcfl.algorithms.context_of(config, model, 2)), model.collections)
-    hp = mcfl.algorithms.hyperparams(config, model)
-    state = algorithm.init(data, jax.random.key(0), hp)
+    algorithm = Bound(with_local_norm(
+        get("fedavg").build(mcfl.algorithms.context_of(config, model, 2)), model.collections),
+        mcfl.algorithms.hyperparams(config, model))
+    state = algorithm.init(data, jax.random.key(0))
     initial = algorithm.client_models(state)[0]
-    step = jax.jit(lambda st, k: algorithm.round(st, data, k, hp))
+    step = jax.jit(lambda st, k: algorithm.round(st, data, k))
     state, metrics = step(state, jax.random.key(1))
     assert "client_local" not in metrics
     models, index = algorithm.client_models(state)

@@ -39,7 +39,15 @@ from mcfl.algorithms import flhc as _flhc  # noqa: F401
 from mcfl.algorithms import pacfl as _pacfl  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
 from mcfl import settings
-from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.base import (
+    ClientModels,
+    ClientState,
+    Exchange,
+    FederatedAlgorithm,
+    Hyperparams,
+    PopulationStart,
+)
+from mcfl.algorithms.device import DeviceState, OnDevice, on_device, scan_rounds
 from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
@@ -53,8 +61,14 @@ if TYPE_CHECKING:
 __all__ = [
     "AlgorithmContext",
     "AlgorithmSpec",
+    "ClientModels",
+    "ClientState",
+    "DeviceState",
+    "Exchange",
     "FederatedAlgorithm",
     "Hyperparams",
+    "OnDevice",
+    "PopulationStart",
     "build",
     "build_algorithm",
     "context_of",
@@ -62,7 +76,9 @@ __all__ = [
     "hyperparams",
     "local_training",
     "names",
+    "on_device",
     "register",
+    "scan_rounds",
 ]
 
 
@@ -102,19 +118,22 @@ def hyperparams(config: RunConfig, model: ModelSpec,
                        values.get("shift_prob", config.shift_prob))
 
 
-def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int) -> AlgorithmContext:
-    """What every algorithm is built from, as the config says."""
+def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
+               block_size: Optional[int] = None) -> AlgorithmContext:
+    """What every algorithm is built from, as the config says; `block_size`: the plan's
+    (`mcfl.plan.RunPlan.train_block`)."""
     return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1,
-                            config.client_store_dtype)
+                            config.client_store_dtype, block_size)
 
 
-def build_algorithm(config: RunConfig, model: ModelSpec,
-                    clients_per_round: int) -> FederatedAlgorithm:
+def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
+                    block_size: Optional[int] = None) -> FederatedAlgorithm:
     """The config's algorithm, trained on data that shifts if the config asks for it, on the
     clients its schedule names. Built once; its hyperparameters come with each call
     (`hyperparams`)."""
-    algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round))
+    algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round,
+                                                       block_size))
     if config.bn == "local":
-        algorithm = with_local_norm(algorithm, model.collections)
+        algorithm = with_local_norm(algorithm, model.collections, config.algorithm)
     shifted = with_shift(algorithm, config.shift, config.shift_interval)
     return with_schedule(shifted, config.client_sampling, clients_per_round)

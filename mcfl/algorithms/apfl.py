@@ -25,12 +25,19 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    refuse_stateful,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.algorithms.skeleton import weighted_mean_of
+from mcfl.engine import RoundClients, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
-from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
 
@@ -51,37 +58,29 @@ def mixture(v, w, alpha):
     return jax.tree.map(mix, v, w)
 
 
-def refuse_stateful(model, name: str) -> None:
-    """Algorithms with their own local objective train plain models (no dropout, no batch
-    norm statistics)."""
-    if model.train_apply is not None or model.collections:
-        raise ConfigError(f"{name} trains its own local objective and needs a model without "
-                          f"dropout or batch norm; this model has a train mode "
-                          f"(collections: {', '.join(model.collections) or 'none'})")
-
-
 @register("apfl", APFLParams, reference="Deng et al., 2020, APFL",
           summary="clients train the global model and their own v_i on the mixture alpha_i v_i "
           "+ (1 - alpha_i) w, alpha_i learnt (Eq. 10); w averaged; evaluated with the mixture")
 def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
-    """APFL; the shared state is (w, W_0), a client's row (v_i, alpha_i)."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """APFL; the state is (w, W_0), a client's row (v_i, alpha_i). A client's message is its
+    copy of w (through the run's transform); v_i and alpha_i stay with it. The round is
+    written here: one training of (w, v_i, alpha_i) together, the mean of the collected w."""
+    model = context.model
     refuse_stateful(model, "apfl")
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data
         w0 = model.init(key)
         return w0, (w0, jnp.asarray(hp.params.alpha, jnp.float32))
 
-    def fresh(shared, clients):
-        w0, alpha = shared[1]
+    def fresh(state, clients):
+        w0, alpha = state[1]
         return stack(w0, clients.shape[0]), jnp.full(clients.shape, alpha, jnp.float32)
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
-        w = shared[0]
+    def round_(state, data, key, hp, exchange):
+        w = state[0]
         train_key = jax.random.split(key)[1]
+        clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         adaptive = hp.params.adaptive
 
@@ -96,21 +95,21 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
 
         start = {"w": stack(w, size), "v": rows[0], "alpha": rows[1]}
         training = hp.training.replace(objective=objective, low_rank="off")
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             training, data, train_key, start,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)))
+            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
+            sent=part_at("w"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
-        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-        new_w = jax.tree.map(lambda x: jnp.tensordot(share, x, axes=1), trained["w"])
+        new_w, exchange = weighted_mean_of(trained["w"], weights, exchange)
         new_rows = (trained["v"], jnp.clip(trained["alpha"], 0.0, 1.0))
         metrics = training_metrics(weights, stats)  # train_loss: the mixtures' loss
         metrics["alpha_mean"] = jnp.mean(new_rows[1])
-        return (new_w, shared[1]), new_rows, metrics
+        return (new_w, state[1]), metrics, exchange.replace(rows=new_rows)
 
-    def models(shared, rows, clients):
+    def models(state, rows, clients):
         del clients
         v, alpha = rows
-        return mixture(v, stack(shared[0], alpha.shape[0]), alpha)
+        return mixture(v, stack(state[0], alpha.shape[0]), alpha)
 
-    return with_client_rows("apfl", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))

@@ -1,10 +1,21 @@
-"""What every algorithm is: a NamedTuple of pure functions over an immutable state pytree.
+"""What every algorithm is: six pure functions over an immutable state pytree.
 
-``init(data, key, hp) -> state``; ``round(state, data, key, hp) -> (state, metrics)``,
-jittable, with `metrics` a dict of scalars; ``client_models(state) -> (models [M, ...],
-index [C])`` says which model evaluates each client (M = 1 for one global model, K for
-clusters, C for local models); clustered algorithms also give ``assignments(state) -> [C]``,
-each client's cluster.
+* ``init(data, key, hp) -> state``;
+* ``participants(state, data, key, round) -> clients [S]``: who takes part in round `round`
+  (stage (a) of the round, `mcfl.algorithms.skeleton`), from the round's key; known before the
+  round runs, so that a client store can fetch their rows early. It may read the state only
+  where no round changes it (a schedule's order, fixed at `init`);
+* ``round(state, data, key, hp, exchange) -> (state, metrics, exchange)``, jittable, with
+  `metrics` a dict of scalars. `exchange` (`Exchange`) is what passes between the server and the
+  round's clients besides the models: who takes part, their rows of per-client state, the
+  transform their messages go through, their own normalisation layers (FedBN). A round reads
+  and replaces it, never keeps it;
+* ``client_models(state, data) -> ClientModels``: the model each client is evaluated with
+  (one global model, K clusters, one per client, or one made per client from its data);
+* ``assignments(state) -> [C]``: each client's cluster (clustered algorithms; else None);
+* ``client_state``: what the algorithm keeps per client (`ClientState`: rows a client store
+  can hold on the device, in host memory or on disk, or a start that trains every client), or
+  None.
 
 Hyperparameters are an argument, as evosax's ``ask(key, state, params)`` takes its params:
 `hp` (`Hyperparams`) holds the clients' local training, with its learning rate, and the
@@ -12,6 +23,11 @@ algorithm's own hyperparameters (its registered dataclass, ``hp.params``). Both 
 whose leaves are the traced settings (floats), so a sweep over them is a vmap over `hp` and
 the algorithm is built once; their static fields (ints, strings, booleans, floats marked
 `settings.Static`) are Python values when the round is traced, free to shape it.
+
+An algorithm is built in one way: a `FederatedAlgorithm` of these six; most rounds come from
+`mcfl.algorithms.skeleton` (stages (a)-(f) written once). How a run holds the state (rows of
+per-client state on the device or in a store, the transform's state) is the run's business:
+`mcfl.algorithms.device` for the device.
 """
 
 from __future__ import annotations
@@ -25,6 +41,8 @@ import jax.numpy as jnp
 
 from mcfl.engine import ClientStats, LocalTraining
 from mcfl.errors import ConfigError
+from mcfl.sampling import sample_clients
+from mcfl.transforms import IDENTITY, MessageTransform
 
 State = Any
 
@@ -41,33 +59,53 @@ class Hyperparams(flax.struct.PyTreeNode):
     shift_prob: Any = 0.0
 
 
-class FederatedAlgorithm(NamedTuple):
-    name: str
-    init: Callable[..., State]
-    round: Callable[..., tuple[State, dict]]
-    client_models: Callable[[State], tuple[Any, jax.Array]]
-    assignments: Optional[Callable[[State], jax.Array]] = None
-    # The data as the clients hold it now, when a distribution shift changes it
-    # (mcfl.algorithms.shift).
-    view: Optional[Callable[[State, Any], Any]] = None
-    # Per-client state as rows of a client store (`mcfl.algorithms.stored.ClientRows`), and
-    # the dtype the rows are stored in; None: the state holds nothing per client.
-    client_rows: Any = None
-    store_dtype: str = "float32"
-    # An initialisation that trains every client once and clusters their models, in parts a
-    # client store can stream (`PopulationStart`); None: `init` only.
-    population_start: Any = None
-    # The apply that evaluates a client model when it is not the model's own (FedEM's
-    # mixture of components); None: the model's apply.
-    evaluation_apply: Optional[Callable] = None
-    # ``(models [M, ...], index [C])``: the model parameters a client trains from in the
-    # closing embedding, when its client models are not those (FedEM's mixtures) or are rows
-    # of a client store (FedSoft's local models; the embedding reads the shared part only).
-    trainable_models: Optional[Callable[[State], tuple[Any, jax.Array]]] = None
-    # ``personalised(state, clients [b], data) -> models [b]``: the models the clients are
-    # evaluated with when they are made from their data (Per-FedAvg's one step); None:
-    # `client_models`.
-    personalised: Optional[Callable] = None
+class Exchange(flax.struct.PyTreeNode):
+    """What passes between the server and a round's clients besides the models, given to the
+    round and returned by it (explicit, so that no algorithm reads a hidden channel):
+
+    * `clients` [S]: the round's participants (stage (a));
+    * `rows`: their rows [S, ...] of the algorithm's per-client state (`ClientState`), in
+      training dtypes; the round returns the new ones (None: nothing kept per client);
+    * `transform` and `transform_state`: what every message goes through (stage (d),
+      `mcfl.transforms`); the engine applies it and returns the new state;
+    * `norm_layers` [S, ...]: each participant's own normalisation layers (FedBN,
+      `mcfl.algorithms.local_norm`): put into its start model before it trains, and the
+      trained ones returned; `norm_trained` says whether a round's training did that;
+    * `key`: the key of the transform's server part (noise), split at each use.
+    """
+
+    clients: jax.Array
+    rows: Any = None
+    transform_state: Any = None
+    norm_layers: Any = None
+    key: Any = None
+    transform: MessageTransform = flax.struct.field(pytree_node=False, default=IDENTITY)
+    norm_trained: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @classmethod
+    def of(cls, clients: jax.Array, rows=None) -> Exchange:
+        """The exchange of a round of `clients` (and their `rows`), with nothing transformed
+        and no normalisation layers of their own."""
+        return cls(clients, rows)
+
+
+class ClientModels(NamedTuple):
+    """The models a state's clients are evaluated with (`FederatedAlgorithm.client_models`).
+
+    `models` [M, ...] and `index` [C] (client i gets ``models[index[i]]``; None: all get model
+    0); or `of_clients`, ``clients [b] -> models [b, ...]``, models made for a block of clients
+    at a time (Per-FedAvg's step on each client's data); or neither, for an algorithm with
+    per-client rows, whose `ClientState.models` makes them. `apply` evaluates them when the
+    model's own does not (FedEM's mixtures); `data` is the data as the clients hold it now (a
+    distribution shift's view); `train_from` is (models, index) a client trains from in the
+    closing embedding when those are not the evaluated ones (FedEM's components)."""
+
+    models: Any = None
+    index: Optional[jax.Array] = None
+    of_clients: Optional[Callable] = None
+    apply: Optional[Callable] = None
+    data: Any = None
+    train_from: Optional[tuple] = None
 
 
 class PopulationStart(NamedTuple):
@@ -82,6 +120,72 @@ class PopulationStart(NamedTuple):
     finish: Callable
 
 
+class ClientState(NamedTuple):
+    """What an algorithm keeps per client, as a client store can hold it.
+
+    Rows (when `fresh` is given): ``fresh(state, clients [b]) -> rows [b, ...]`` are the rows
+    of clients that never trained, from the state right after `init` (Local: W_0), and
+    ``models(state, rows [b], clients [b]) -> models [b, ...]`` the model each client of a
+    block is evaluated with. A round receives its participants' rows in its `Exchange` and
+    returns them trained. `start`: an initialisation that trains every client once
+    (`PopulationStart`). `dtype`: what a store keeps rows and a start's points in (float32,
+    or bfloat16)."""
+
+    fresh: Optional[Callable] = None
+    models: Optional[Callable] = None
+    dtype: str = "float32"
+    start: Optional[PopulationStart] = None
+
+    @property
+    def has_rows(self) -> bool:
+        return self.fresh is not None
+
+
+class FederatedAlgorithm(NamedTuple):
+    """An algorithm (see the module docstring)."""
+
+    init: Callable[..., State]
+    participants: Callable[..., jax.Array]
+    round: Callable[..., tuple[State, dict, Exchange]]
+    client_models: Callable[[State, Any], ClientModels]
+    assignments: Optional[Callable[[State], jax.Array]] = None
+    client_state: Optional[ClientState] = None
+
+    @property
+    def rows(self) -> bool:
+        """Whether the algorithm keeps rows per client."""
+        return self.client_state is not None and self.client_state.has_rows
+
+
+def sampled(clients_per_round: int, key_part: Callable = None) -> Callable:
+    """`participants` of an algorithm that samples `clients_per_round` distinct clients at
+    random each round, with ``key_part(round key)`` (default: the first half of
+    ``jax.random.split(key)``, the round's other half being its training key)."""
+    part = key_part or (lambda key: jax.random.split(key)[0])
+
+    def participants(state, data, key, round_):
+        del state, round_
+        return sample_clients(part(key), data.num_clients, clients_per_round)
+
+    return participants
+
+
+def from_rows(**fields) -> Callable:
+    """`client_models` of an algorithm whose clients are evaluated with the models their rows
+    give (`ClientState.models`); `fields` as `ClientModels`' (FedEM's `apply`, ...)."""
+    def client_models(state, data) -> ClientModels:
+        del state, data
+        return ClientModels(**fields)
+
+    return client_models
+
+
+def shared_models(models, index=None, **fields) -> ClientModels:
+    """`ClientModels` of stacked `models` [M, ...] (client i evaluated with
+    ``models[index[i]]``; every client with model 0 when `index` is None)."""
+    return ClientModels(models, index, **fields)
+
+
 def refuse_mutable_state(model, algorithm: str) -> None:
     """Algorithms that step the global model by the clients' gradients (FedSGD, FedDANE) take
     them in evaluation mode, where batch-norm statistics would be trained as parameters: a model
@@ -93,28 +197,13 @@ def refuse_mutable_state(model, algorithm: str) -> None:
                           f"or an algorithm whose clients train locally")
 
 
-def wrapping(algorithm: FederatedAlgorithm, init, round_, client_models=None,
-             view=None) -> FederatedAlgorithm:
-    """A wrapper of `algorithm` whose state is ``(inner state, wrapper's own)`` (a distribution
-    shift, a client schedule, FedBN's local layers): its assignments and, unless given, its
-    client models and data view are the inner algorithm's on ``state[0]``."""
-    assignments = None
-    if algorithm.assignments is not None:
-        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
-    if client_models is None:
-        client_models = lambda state: algorithm.client_models(state[0])  # noqa: E731
-    if view is None and algorithm.view is not None:
-        view = lambda state, data: algorithm.view(state[0], data)  # noqa: E731
-    trainable = None
-    if algorithm.trainable_models is not None:
-        trainable = lambda state: algorithm.trainable_models(state[0])  # noqa: E731
-    personalised = None
-    if algorithm.personalised is not None:
-        personalised = lambda state, clients, data: algorithm.personalised(  # noqa: E731
-            state[0], clients, data)
-    return FederatedAlgorithm(algorithm.name, init, round_, client_models, assignments, view,
-                              evaluation_apply=algorithm.evaluation_apply,
-                              trainable_models=trainable, personalised=personalised)
+def refuse_stateful(model, name: str) -> None:
+    """Algorithms with their own local objective train plain models (no dropout, no batch
+    norm statistics)."""
+    if model.train_apply is not None or model.collections:
+        raise ConfigError(f"{name} trains its own local objective and needs a model without "
+                          f"dropout or batch norm; this model has a train mode "
+                          f"(collections: {', '.join(model.collections) or 'none'})")
 
 
 def stack(params, count: int = 1):
@@ -122,18 +211,12 @@ def stack(params, count: int = 1):
     return jax.tree.map(lambda p: jnp.broadcast_to(p, (count,) + p.shape), params)
 
 
-# The metric under which a round hands its clients' trained local parts (FedBN) to
-# `mcfl.algorithms.local_norm`, which removes it before the metrics go anywhere.
-CLIENT_LOCAL = "client_local"
-
-
 def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Array]:
     """Round metrics from the sampled clients' stats: train loss weighted by training samples,
     and FlexCFL's discrepancy (Eq. 3: the mean over sampled clients of ||W_i - W_t||, with W_t
     the model the client started the round from)."""
     w = weights.astype(jnp.float32)
-    local = {} if stats.local is None else {CLIENT_LOCAL: (stats.client, stats.local)}
-    return local | {
+    return {
         "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
         "discrepancy": jnp.mean(stats.update_norm),
         "local_steps": jnp.mean(stats.steps.astype(jnp.float32)),
@@ -143,17 +226,28 @@ def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Ar
     }
 
 
-def scan_rounds(algorithm: FederatedAlgorithm, hp: Hyperparams, state, data,
-                rounds_key: jax.Array, first_round, num_rounds: int):
-    """Run rounds ``first_round .. first_round + num_rounds - 1`` of `algorithm` with `hp` as
-    one `lax.scan`, with no host round-trip between them; round r uses
-    ``fold_in(rounds_key, r)`` as `mcfl.run` does, so the result equals running them one by
-    one. Returns the final state and each metric stacked [num_rounds]. Jit it with `num_rounds`
-    static."""
-
-    def body(carry, r):
-        new_state, metrics = algorithm.round(carry, data, jax.random.fold_in(rounds_key, r), hp)
-        return new_state, metrics
-
-    rounds = first_round + jnp.arange(num_rounds, dtype=jnp.int32)
-    return jax.lax.scan(body, state, rounds)
+def wrapping(algorithm: FederatedAlgorithm, init: Callable, round_: Callable,
+             participants: Callable, client_models: Optional[Callable] = None,
+             start: Optional[PopulationStart] = None) -> FederatedAlgorithm:
+    """A wrapper of `algorithm` whose state is ``(inner state, wrapper's own)`` (a distribution
+    shift, a client schedule): its assignments, its per-client rows (`ClientState`: `fresh` and
+    `models` on ``state[0]``) and, unless given, its client models are the inner algorithm's,
+    so every client store runs it as it runs the inner one. `start`: the inner population
+    start lifted to the wrapper's state (a shift's view of the data, a schedule's key)."""
+    assignments = None
+    if algorithm.assignments is not None:
+        assignments = lambda state: algorithm.assignments(state[0])  # noqa: E731
+    if client_models is None:
+        client_models = lambda state, data: algorithm.client_models(state[0], data)  # noqa: E731
+    inner = algorithm.client_state
+    client_state = None
+    if inner is not None:
+        fresh = models = None
+        if inner.has_rows:
+            fresh = lambda state, clients: inner.fresh(state[0], clients)  # noqa: E731
+            models = lambda state, rows, clients: inner.models(state[0], rows,  # noqa: E731
+                                                                clients)
+        client_state = ClientState(fresh, models, inner.dtype,
+                                   start if inner.start is not None else None)
+    return FederatedAlgorithm(init, participants, round_, client_models, assignments,
+                              client_state)

@@ -41,6 +41,7 @@ from mcfl.algorithms.clustered import (
 )
 from mcfl.algorithms.ifca import losses_of_models
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import server_sums
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import (
     RoundClients,
@@ -50,7 +51,6 @@ from mcfl.engine import (
     train_and_collect,
 )
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 THRESHOLDS = ("relative", "absolute")
@@ -171,7 +171,7 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
     default was chosen on planted Fashion-MNIST groups at 25% participation, where ``all`` was
     as good as ``descendants`` or better in every case and ``stay`` failed in every case
     (REPRODUCTION.md, benchmarks/planted_groups.py)."""
-    model, clients_per_round = context.model, context.clients_per_round
+    model = context.model
     max_clusters = context.num_clusters
 
     def init(data, key, hp):
@@ -198,7 +198,8 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         count = jnp.sum(candidates, axis=1)
         losses = jax.lax.cond(  # (no forward passes in the rounds nobody has a choice)
             jnp.any(count > 1), lambda: losses_of_models(model.apply, data, state.models,
-                                                         clients),
+                                                         clients,
+                                                         block_size=context.block_size),
             lambda: jnp.zeros(candidates.shape, jnp.float32))
         chosen = jnp.argmin(jnp.where(candidates, losses, jnp.inf), axis=1).astype(jnp.int32)
         return jnp.where(count > 1, chosen, start), count.astype(jnp.float32)
@@ -257,14 +258,17 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
                 jnp.max(jnp.where(tested, max_norm, 0.0)) / scale, widest)
         return member_cluster, active, (parent, born), seen
 
-    def round_(state, data, key, hp):
+    def round_(state, data, key, hp, exchange):
+        """The server needs every update at once (their similarities decide the splits): the
+        messages are collected (through the run's transform) and summed here."""
         warmup = hp.params.warmup
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, clients_per_round)
+        train_key = jax.random.split(key)[1]
+        clients = exchange.clients
         start, models_down = rejoined(state, data, clients, state.assignment[clients],
                                       hp.params.rejoin)
-        trained, stats = train_and_collect(hp.training, data, train_key, state.models,
-                                           RoundClients(clients, start))
+        trained, stats, exchange = train_and_collect(
+            hp.training, data, train_key, state.models, RoundClients(clients, start),
+            exchange=exchange, block_size=context.block_size)
         parents = jax.tree.map(lambda m: m[start], state.models)
         trained_flat = flat_models(trained)  # [S, d]
         updates = trained_flat - flat_models(parents)
@@ -283,6 +287,7 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         parent_of = jnp.arange(max_clusters).at[member_cluster].set(start)
         base = jax.tree.map(lambda m: m[parent_of], state.models)
         sums, totals = segment_sums(updates, member_cluster, weights, max_clusters)
+        sums, totals, exchange = server_sums(exchange, sums, totals)
         step = segment_mean(sums, totals, jnp.zeros_like(sums))  # [K, d]
         _, unravel = ravel_pytree(jax.tree.map(lambda m: m[0], state.models))
         models = jax.tree.map(lambda b, s: b + s, base, jax.vmap(unravel)(step))
@@ -303,6 +308,6 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
                                   active=active, round=state.round + 1, parent=parent, born=born,
                                   last_round=state.last_round.at[clients].set(state.round))
-        return new_state, metrics
+        return new_state, metrics, exchange
 
-    return clustered_algorithm("cfl", init, round_)
+    return clustered_algorithm(context, init, round_)

@@ -7,15 +7,22 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
+from mcfl.algorithms.base import (
+    ClientModels,
+    ClientState,
+    FederatedAlgorithm,
+    sampled,
+    shared_models,
+    training_metrics,
+)
+from mcfl.algorithms.registry import AlgorithmContext
+from mcfl.algorithms.skeleton import Aggregate, Start, round_of
 from mcfl.engine import (
     ClientStats,
     RoundClients,
     segment_mean,
     segment_sums,
-    train_and_aggregate,
 )
-from mcfl.sampling import round_clients
 
 # The model a client is evaluated with: its cluster's now, or the one it started its last
 # round from (what FlexCFL's authors' code tests each client with: their group.py keeps a
@@ -73,12 +80,13 @@ def own_models(received):
     return received, jnp.arange(jax.tree.leaves(received)[0].shape[0], dtype=jnp.int32)
 
 
-def cluster_client_models(state: ClusterState):
+def cluster_client_models(state: ClusterState, data=None) -> ClientModels:
     """The models clients are evaluated with and each client's row of them: its cluster's, or
     with `received` kept, its own last received model."""
+    del data
     if state.received is not None:
-        return own_models(state.received)
-    return state.models, state.assignment
+        return shared_models(*own_models(state.received))
+    return shared_models(state.models, state.assignment)
 
 
 def cluster_sizes(assignment: jax.Array, num_clusters: int) -> jax.Array:
@@ -167,25 +175,39 @@ def finish_round(state, clients, joined, sums, weight_sums, stats, weights, trai
     return new_state, metrics
 
 
-def fixed_cluster_round(state, data, key, hp, clients_per_round: int, num_clusters: int):
-    """A round of FedAvg inside each cluster with the clients' clusters kept (after a one-shot
-    clustering: FL+HC, PACFL): the sampled clients train from their cluster's model, each
-    cluster takes its members' mean weighted by n_i."""
-    sample_key, train_key = jax.random.split(key)
-    clients = round_clients(data, sample_key, clients_per_round)
+def cluster_start(state, data, clients, hp, num_clusters: int) -> Start:
+    """Stage (b) of FedAvg inside each cluster with the clients' clusters kept (after a one-shot
+    clustering: FL+HC, PACFL; Robust's): the sampled clients start from their cluster's
+    model and are summed into it, weighted by n_i."""
+    del hp
     cluster = state.assignment[clients]
-    weights = data.train_counts[clients]
-    sums, weight_sums, _, stats = train_and_aggregate(
-        hp.training, data, train_key, state.models, RoundClients(clients, cluster), weights,
-        cluster, num_clusters)
-    return finish_round(state, clients, cluster, sums, weight_sums, stats, weights, weights,
+    return Start(state.models, RoundClients(clients, cluster), data.train_counts[clients],
+                 cluster, num_clusters)
+
+
+def cluster_server(state, summed: Aggregate, data, hp, num_clusters: int):
+    """Stage (f) of the clustered algorithms that average per cluster: `finish_round`."""
+    del hp
+    return finish_round(state, summed.clients, summed.segments, summed.sums, summed.weight_sums,
+                        summed.stats, summed.weights, data.train_counts[summed.clients],
                         num_clusters)
 
 
-def clustered_algorithm(name: str, init, round_, population_start=None,
-                        store_dtype: str = "float32") -> FederatedAlgorithm:
+def fixed_cluster_round(context: AlgorithmContext):
+    """A round of FedAvg inside each cluster with the clients' clusters kept: the skeleton's
+    round with `cluster_start` and `cluster_server`."""
+    k = context.num_clusters
+    return round_of(context, lambda *a: cluster_start(*a, k), lambda *a: cluster_server(*a, k))
+
+
+def clustered_algorithm(context: AlgorithmContext, init, round_, start=None,
+                        participants=None, client_models=cluster_client_models
+                        ) -> FederatedAlgorithm:
     """A FederatedAlgorithm over a ClusterState: a client is evaluated with its cluster's
-    model. `store_dtype`: the dtype a client store keeps the population start's models in."""
-    return FederatedAlgorithm(
-        name, init, round_, cluster_client_models, assignments=lambda s: s.assignment,
-        population_start=population_start, store_dtype=store_dtype)
+    model, sampled `context.clients_per_round` a round unless `participants` says otherwise.
+    `start`: an initialisation that trains every client once (`PopulationStart`), whose
+    points a client store keeps in ``context.store_dtype``."""
+    client_state = None if start is None else ClientState(dtype=context.store_dtype,
+                                                          start=start)
+    return FederatedAlgorithm(init, participants or sampled(context.clients_per_round), round_,
+                              client_models, lambda s: s.assignment, client_state)

@@ -31,6 +31,7 @@ from jax.flatten_util import ravel_pytree
 
 from mcfl.algorithms.base import stack
 from mcfl.algorithms.clustered import flat_models, write_received
+from mcfl.algorithms.skeleton import transformed
 from mcfl.engine import (
     RoundClients,
     client_num_steps,
@@ -58,23 +59,29 @@ def continues(params) -> bool:
     return params.pretrain == "epoch" and params.pretrain_steps is None
 
 
-def pretrain(data, key, w0, clients, hp, active=None):
+def pretrain(data, key, w0, clients, hp, active=None, *, exchange=None, block_size=None):
     """The pre-training of `clients` from W_0 (only the `active` ones train; the others take no
     step): their updates dW [S, d] (zeros for the inactive), models [S, ...], steps taken [S]
     and summed training losses [S]. In the paper's form a client pre-trains one epoch, at most
-    its round's steps."""
+    its round's steps. In a round (`exchange` given) the clients start from their own
+    normalisation layers and dW, which they send, goes through the run's transform; the
+    models they go on from stay as trained."""
     round_steps = None
     if continues(hp.params):
         round_steps = client_num_steps(data.train_counts[clients], hp.training)
-    trained, stats = train_and_collect(
+    trained, stats, _ = train_and_collect(
         pretraining(hp.training, hp.params), data, key, stack(w0),
-        RoundClients(clients, jnp.zeros_like(clients), active, steps=round_steps))
+        RoundClients(clients, jnp.zeros_like(clients), active, steps=round_steps),
+        exchange=exchange, sent=None, block_size=block_size)
     updates = flat_models(trained) - ravel_pytree(w0)[0][None]
+    if exchange is not None:
+        updates = transformed(exchange, updates)
     steps = stats.steps.astype(jnp.int32)
     return updates, trained, steps, stats.loss * steps
 
 
-def group_models_going_on(data, key, pretrained, clients, taken, labels, num_groups: int, hp):
+def group_models_going_on(data, key, pretrained, clients, taken, labels, num_groups: int, hp,
+                          block_size=None):
     """[K, ...] group models after the paper's group cold start: each pre-training client goes
     on from its pre-trained model for the rest of its round's steps (its round's count less the
     `taken` ones), and each group takes its members' mean weighted by n_i (an empty group:
@@ -82,9 +89,9 @@ def group_models_going_on(data, key, pretrained, clients, taken, labels, num_gro
     counts = data.train_counts[clients]
     rest = client_num_steps(counts, hp.training) - taken
     index = jnp.arange(clients.shape[0], dtype=jnp.int32)
-    sums, weight_sums, _, _ = train_and_aggregate(
+    sums, weight_sums, _, _, _ = train_and_aggregate(
         hp.training, data, key, pretrained, RoundClients(clients, index, steps=rest), counts,
-        labels, num_groups)
+        labels, num_groups, block_size=block_size)
     return segment_mean(sums, weight_sums, jax.tree.map(jnp.zeros_like, sums))
 
 

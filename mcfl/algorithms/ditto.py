@@ -21,10 +21,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
-from mcfl.engine import RoundClients, segment_mean, train_and_aggregate, train_and_collect
+from mcfl.algorithms.skeleton import aggregate, global_start
+from mcfl.engine import RoundClients, train_and_collect
 from mcfl.settings import setting
 
 
@@ -39,43 +46,43 @@ class DittoParams:
           summary="FedAvg on the global model w; each sampled client also trains its personal "
           "model on F_k(v) + (lambda/2)‖v − w‖² (Eq. 2); evaluated with the personal model")
 def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
-    """Ditto; the shared state is (w, W_0), a client's row its personal model v_k (W_0 until
-    it first trains)."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """Ditto; the state is (w, W_0), a client's row its personal model v_k (W_0 until it
+    first trains). Its round is two trainings: the skeleton's stages for w (its messages go
+    through the run's transform), then the personal models, which stay on the clients."""
+    model = context.model
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data, hp
         w0 = model.init(key)
         return w0, w0
 
-    def fresh(shared, clients):
-        return stack(shared[1], clients.shape[0])
+    def fresh(state, clients):
+        return stack(state[1], clients.shape[0])
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
-        w, w0 = shared
+    def round_(state, data, key, hp, exchange):
+        w, w0 = state
         global_key, personal_key = jax.random.split(jax.random.split(key)[1])
+        clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         zeros = jnp.zeros((size,), jnp.int32)
         samples = data.train_counts[clients]
-        start = stack(w)
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, global_key, start, RoundClients(clients, zeros), samples, zeros,
-            1)
-        new_w = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
+        before = exchange  # (both trainings start from the clients' own layers as they were)
+        summed, exchange = aggregate(context, global_start(w, clients, samples), data,
+                                     global_key, hp, exchange)
+        new_w = jax.tree.map(lambda m: m[0], summed.mean(stack(w)))
         # Personal models: row 1 + i of [w, v_1 .. v_S] starts client i, row 0 pulls it.
         models = jax.tree.map(lambda g, v: jnp.concatenate([g[None], v]), w, rows)
-        personal, personal_stats = train_and_collect(
+        personal, personal_stats, _ = train_and_collect(
             hp.training.replace(mu=hp.params.lam), data, personal_key, models,
-            RoundClients(clients, 1 + jnp.arange(size, dtype=jnp.int32), anchor_index=zeros))
-        metrics = training_metrics(samples, stats)
+            RoundClients(clients, 1 + jnp.arange(size, dtype=jnp.int32), anchor_index=zeros),
+            exchange=before, sent=None, block_size=context.block_size)
+        metrics = training_metrics(samples, summed.stats)
         metrics["personal_loss"] = training_metrics(samples, personal_stats)["train_loss"]
-        return (new_w, w0), personal, metrics
+        return (new_w, w0), metrics, exchange.replace(rows=personal)
 
-    def models(shared, rows, clients):
-        del shared, clients
+    def models(state, rows, clients):
+        del state, clients
         return rows
 
-    return with_client_rows("ditto", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))

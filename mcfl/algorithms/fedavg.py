@@ -8,10 +8,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import RoundClients, segment_mean, train_and_aggregate
-from mcfl.sampling import round_clients
+from mcfl.algorithms.skeleton import global_model, global_start, skeleton_algorithm
 from mcfl.settings import setting
 
 
@@ -31,36 +30,31 @@ class FedProxParams(FedAvgParams):
                         "as in the authors' code)", minimum=0)
 
 
-def averaging(context: AlgorithmContext, name: str, server_lr, proximal: bool = False,
+def averaging(context: AlgorithmContext, server_lr, proximal: bool = False,
               size_weighted: bool = True) -> FederatedAlgorithm:
     """Sampled clients train from the global model (with FedProx's proximal term when
     `proximal`: weight ``hp.params.mu``); the server moves it by ``server_lr(hp.params)``
     toward their average, weighted by n_i (`size_weighted`) or plain. FedAvg, FedProx and the
-    Reptile-style FedDist / FedDWS are this with different settings."""
+    Reptile-style FedDist / FedDWS are this with different settings; the round is the
+    skeleton's (`mcfl.algorithms.skeleton`)."""
 
     def init(data, key, hp):
         del data, hp
         return GlobalModelState(context.model.init(key))
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
-        zeros = jnp.zeros_like(clients)
+    def start(state, data, clients, hp):
         samples = data.train_counts[clients]
         weights = samples if size_weighted else jnp.ones_like(samples)
         training = hp.training.replace(mu=hp.params.mu) if proximal else hp.training
-        start = stack(state.params)
-        sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, start, RoundClients(clients, zeros), weights, zeros, 1)
-        average = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
+        return global_start(state.params, clients, weights, training)
+
+    def server(state, summed, data, hp):
+        average = jax.tree.map(lambda m: m[0], summed.mean(stack(state.params)))
         step = server_lr(hp.params)
         params = jax.tree.map(lambda p, a: p + step * (a - p), state.params, average)
-        return GlobalModelState(params), training_metrics(samples, stats)
+        return GlobalModelState(params), summed.metrics(data)
 
-    def client_models(state):
-        return stack(state.params), None
-
-    return FederatedAlgorithm(name, init, round_, client_models)
+    return skeleton_algorithm(context, init, start, server, global_model())
 
 
 @register("fedavg", FedAvgParams, reference="McMahan et al., 2017",
@@ -69,7 +63,7 @@ def averaging(context: AlgorithmContext, name: str, server_lr, proximal: bool = 
 def fedavg(context: AlgorithmContext) -> FederatedAlgorithm:
     """FedAvg (McMahan et al., 2017, Algorithm 1), with a server step ``hp.params.server_lr``
     toward the clients' average (1: the plain average)."""
-    return averaging(context, "fedavg", lambda p: p.server_lr)
+    return averaging(context, lambda p: p.server_lr)
 
 
 @register("fedprox", FedProxParams, reference="Li et al., 2020, FedProx",
@@ -77,4 +71,4 @@ def fedavg(context: AlgorithmContext) -> FederatedAlgorithm:
 def fedprox(context: AlgorithmContext) -> FederatedAlgorithm:
     """FedProx (Li et al., 2020): FedAvg with the proximal term of Eq. 2 in every local
     step."""
-    return averaging(context, "fedprox", lambda p: p.server_lr, proximal=True)
+    return averaging(context, lambda p: p.server_lr, proximal=True)

@@ -11,6 +11,10 @@ with its local SGD (the gradient-corrected, proximal local problem), and the ser
 the results weighted by n_k. The paper samples the two exchanges' clients independently; here,
 as in the project's reference recipe, the same clients take part in both. Communication
 counts both exchanges: 2 S models down and 2 S up.
+
+Its round is not one pass of the skeleton (`mcfl.algorithms.skeleton`): the gradients are a
+first message (through the run's transform and its server part), then the skeleton's stages
+train and aggregate the corrected local problems.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import (
     FederatedAlgorithm,
     refuse_mutable_state,
-    stack,
+    sampled,
     training_metrics,
 )
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import aggregate, global_model, global_start, transformed
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -40,11 +45,9 @@ from mcfl.engine import (
     ceil_div,
     gradient_of_client,
     map_clients,
-    segment_mean,
     segment_sums,
-    train_and_aggregate,
+    server_part,
 )
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -83,29 +86,27 @@ def feddane(context: AlgorithmContext) -> FederatedAlgorithm:
         del data, hp
         return GlobalModelState(model.init(key))
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
+    def round_(state, data, key, hp, exchange):
+        train_key = jax.random.split(key)[1]
+        clients = exchange.clients
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
-        start = stack(state.params)
-        selection = RoundClients(clients, zeros)
-        grads, _ = client_gradients(model.apply, data, start, selection)
-        sums, totals = segment_sums(grads, zeros, weights, 1)
+        begun = global_start(state.params, clients, weights,
+                             hp.training.replace(mu=hp.params.mu))
+        grads, _ = client_gradients(model.apply, data, begun.models, begun.selection,
+                                    block_size=context.block_size)
+        sums, totals = segment_sums(transformed(exchange, grads), zeros, weights, 1)
+        sums, totals, exchange = server_part(exchange, sums, totals)
         mean_grad = jax.tree.map(lambda s: s[0] / jnp.maximum(totals[0], 1e-30), sums)
         correction = jax.tree.map(lambda g, m: m[None] - g, grads, mean_grad)  # [S, ...]
         # The correction is per client, so the factored paths (one shared product per
         # block) do not apply: the engine trains corrected clients on the per-client path.
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training.replace(mu=hp.params.mu), data, train_key, start,
-            selection._replace(correction=correction), weights, zeros, 1)
-        params_ = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
-        metrics = training_metrics(weights, stats)
+        begun = begun._replace(selection=begun.selection._replace(correction=correction))
+        summed, exchange = aggregate(context, begun, data, train_key, hp, exchange)
+        params_ = jax.tree.map(lambda m: m[0], summed.mean(begun.models))
+        metrics = training_metrics(weights, summed.stats)
         metrics["models_down"] = metrics["models_down"] * 2  # W_t, then g_t
         metrics["models_up"] = metrics["models_up"] * 2  # gradients, then models
-        return GlobalModelState(params_), metrics
+        return GlobalModelState(params_), metrics, exchange
 
-    def client_models(state):
-        return stack(state.params), None
-
-    return FederatedAlgorithm("feddane", init, round_, client_models)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, global_model())

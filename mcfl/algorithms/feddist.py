@@ -28,10 +28,10 @@ class FedDistParams:
           summary="FedAvg's round with a Reptile server step: W <- W - eps * mean_k(W - W_k), "
           "clients weighted equally")
 def feddist(context: AlgorithmContext) -> FederatedAlgorithm:
-    return averaging(context, "feddist", lambda p: p.eps, size_weighted=False)
+    return averaging(context, lambda p: p.eps, size_weighted=False)
 
 
 @register("feddws", FedDistParams, reference="Xie et al. (FeSEM paper, baseline 10)",
           summary="FedDist with the clients weighted by their samples n_k / sum_j n_j")
 def feddws(context: AlgorithmContext) -> FederatedAlgorithm:
-    return averaging(context, "feddws", lambda p: p.eps, size_weighted=True)
+    return averaging(context, lambda p: p.eps, size_weighted=True)

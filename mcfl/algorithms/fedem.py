@@ -30,22 +30,26 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.apfl import refuse_stateful
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientModels,
+    ClientState,
+    FederatedAlgorithm,
+    refuse_stateful,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import (
-    ClientRows,
-    at_storage_precision,
-    sampled_each_round,
-    with_client_rows,
-)
+from mcfl.algorithms.skeleton import weighted_mean_of
+from mcfl.algorithms.stored import at_storage_precision
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
     ApplyFn,
     PyTree,
     RoundClients,
+    part_at,
     row_losses,
     sums_over_client_rows,
     train_and_collect,
@@ -123,7 +127,10 @@ def log_weights(pi: jax.Array) -> jax.Array:
           "trains every component on its weighted loss; components averaged by n_t; evaluated "
           "with the pi_t-weighted mixture of the components' predictions")
 def fedem(context: AlgorithmContext) -> FederatedAlgorithm:
-    """FedEM with K = ``context.num_clusters`` components; a client's row is its pi_t [K]."""
+    """FedEM with K = ``context.num_clusters`` components; a client's row is its pi_t [K].
+    A client's message is its K components' update (through the run's transform); pi_t stays
+    with it. The round (an E-step over the client's rows, then the components' training and
+    their mean) is written here."""
     return mixture_of_components(context, "fedem", label_prior=False)
 
 
@@ -131,11 +138,11 @@ def mixture_of_components(context: AlgorithmContext, name: str,
                           label_prior: bool) -> FederatedAlgorithm:
     """FedEM, or with `label_prior` FedRC's E-step (`mcfl.algorithms.fedrc`): a client's row
     is its pi_t [K], and with `label_prior` also its soft label counts [K, classes]."""
-    model, clients_per_round = context.model, context.clients_per_round
+    model = context.model
     num_components = context.num_clusters
     refuse_stateful(model, name)
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del hp
         components = jax.vmap(model.init)(jax.random.split(key, num_components))
         # Every client starts with 1 / classes of each label for each component, so the
@@ -153,9 +160,8 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         return pi, jnp.full(clients.shape + (num_components, classes), 1.0 / classes,
                             jnp.float32)
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
+    def round_(shared, data, key, hp, exchange):
+        clients, rows = exchange.clients, exchange.rows
         train_key = jax.random.split(key)[1]
         pi = rows[0] if label_prior else rows
         start = shared.components
@@ -163,7 +169,7 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         log_prior = label_log_prior(shared.label_totals) if label_prior else None
         counts = data.train_counts[clients]
         sums, label_sums = responsibility_sums(model.apply, data, start, log_pi, clients,
-                                               log_prior)
+                                               log_prior, block_size=context.block_size)
         held = counts[:, None] > 0
         new_pi = jnp.where(held, sums / jnp.maximum(counts, 1)[:, None], pi)
 
@@ -178,13 +184,12 @@ def mixture_of_components(context: AlgorithmContext, name: str,
 
         size = clients.shape[0]
         local = {"components": stack(start, size), "log_pi": jax.lax.stop_gradient(log_pi)}
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             hp.training.replace(objective=objective, low_rank="off"), data, train_key, local,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)))
+            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
+            sent=part_at("components"), block_size=context.block_size)
         weights = counts.astype(jnp.float32)
-        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-        averaged = jax.tree.map(lambda c: jnp.tensordot(share, c, axes=1),
-                                trained["components"])
+        averaged, exchange = weighted_mean_of(trained["components"], weights, exchange)
         components = jax.tree.map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old),
                                   averaged, start)
         cluster_of = shared.cluster_of.at[clients].set(
@@ -201,15 +206,23 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         metrics["pi_max_mean"] = jnp.mean(jnp.max(new_pi, axis=1))
         metrics["num_clusters"] = cluster_count(  # components some client leans to
             jnp.zeros((num_components,), jnp.int32).at[cluster_of].add(1))
-        return FedEMShared(components, cluster_of, totals), new_rows, metrics
+        return FedEMShared(components, cluster_of, totals), metrics, \
+            exchange.replace(rows=new_rows)
 
     def models(shared, rows, clients):
         del clients
         pi = rows[0] if label_prior else rows
         return {"components": stack(shared.components, pi.shape[0]), "log_pi": log_weights(pi)}
 
-    return with_client_rows(name, ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype, assignments=lambda shared: shared.cluster_of,
-                            evaluation_apply=mixture_apply(model.apply),
-                            trainable_models=lambda shared: (shared.components,
-                                                             shared.cluster_of))
+    evaluated_with = mixture_apply(model.apply)
+
+    def client_models(shared, data):
+        """Mixtures from the rows, evaluated with their own apply; the closing embedding
+        trains each client from its hard cluster's component."""
+        del data
+        return ClientModels(apply=evaluated_with,
+                            train_from=(shared.components, shared.cluster_of))
+
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
+                              lambda shared: shared.cluster_of,
+                              ClientState(fresh, models, context.store_dtype))

@@ -48,12 +48,19 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    FederatedAlgorithm,
+    sampled,
+    shared_models,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.clustered import (
     EVALUATIONS,
     cluster_count,
     cluster_means,
     cluster_sizes,
+    clustered_algorithm,
     flat_models,
     intra_cluster_distance,
     own_models,
@@ -74,7 +81,7 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import occasional_cond, segment_mean, train_and_aggregate
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients, sample_clients
+from mcfl.sampling import sample_clients
 from mcfl.settings import setting
 
 MEASURES = ("edc", "madc", "random")
@@ -206,24 +213,25 @@ class FlexCFLParams(FedGroupParams):
           "go on for the round's other E - 1) and are grouped by EDC (or MADC); newcomers "
           "pre-train when first sampled and join the most similar group; FedAvg per group, "
           "optional inter-group aggregation (eta_g)")
-def fedgroup(context: AlgorithmContext, migrates: bool = False,
-             name: str = "fedgroup") -> FederatedAlgorithm:
+def fedgroup(context: AlgorithmContext, migrates: bool = False) -> FederatedAlgorithm:
     """FedGroup with K = ``context.num_clusters`` groups found from pretrain_scale * K
     pre-trained clients; with `migrates` (the test: ``hp.params.migration``) it is FlexCFL
     (`flexcfl`)."""
     model, clients_per_round = context.model, context.clients_per_round
     num_groups = context.num_clusters
+    block_size = context.block_size
 
     def init(data, key, hp):
         init_key, pick_key, train_key, group_key = jax.random.split(key, 4)
         w0 = model.init(init_key)
         m = hp.params.pretrain_scale * num_groups
         cold = sample_clients(pick_key, data.num_clients, m)
-        updates, trained, taken, _ = pretrain(data, train_key, w0, cold, hp)
+        updates, trained, taken, _ = pretrain(data, train_key, w0, cold, hp,
+                                              block_size=block_size)
         labels = group_of_updates(updates, num_groups, hp.params.measure, group_key)
         if continues(hp.params):
             models = group_models_going_on(data, jax.random.fold_in(train_key, 1), trained, cold,
-                                           taken, labels, num_groups, hp)
+                                           taken, labels, num_groups, hp, block_size)
             directions = cluster_means(updates, labels, num_groups)
         else:
             models = cluster_means(trained, labels, num_groups)
@@ -235,7 +243,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
                           jnp.float32(m), label_counts(data), jnp.zeros((), bool),
                           cluster_sizes(assignment, num_groups), received)
 
-    def join(state, data, key, clients, active, hp):
+    def join(state, data, key, clients, active, hp, exchange):
         """Groups the `active` clients join after pre-training from W_0: argmin_g (1 - cos) / 2
         (computed only in rounds with at least one, under `lax.cond`); under RAC, random
         groups without pre-training. Also their pre-trained models [S, ...] when they go on
@@ -247,7 +255,9 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         keep = continues(hp.params)
 
         def pretrain_and_join(_):
-            updates, trained, taken, losses = pretrain(data, key, state.w0, clients, hp, active)
+            updates, trained, taken, losses = pretrain(data, key, state.w0, clients, hp, active,
+                                                       exchange=exchange,
+                                                       block_size=block_size)
             cos = cosine_similarity(updates, state.directions)  # [S, K]
             groups = jnp.argmin((1.0 - cos) / 2.0, axis=1).astype(jnp.int32)
             return groups, trained if keep else None, taken, losses
@@ -257,7 +267,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
 
         return occasional_cond(jnp.any(active), pretrain_and_join, nobody, None)
 
-    def migrate(state, data, key, hp):
+    def migrate(state, data, key, hp, exchange):
         """Redo the cold start of up to S clients whose label distribution moved (FlexCFL)."""
         now = label_counts(data)
         tau = 0.2 * now.sum(1) / data.num_classes
@@ -265,7 +275,7 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         moved = (state.assignment >= 0) & (shift > tau)
         batch = jnp.argsort(~moved, stable=True)[:clients_per_round].astype(jnp.int32)
         valid = moved[batch]
-        groups = jnp.where(valid, join(state, data, key, batch, valid, hp)[0],
+        groups = jnp.where(valid, join(state, data, key, batch, valid, hp, exchange)[0],
                            state.assignment[batch])
         assignment, sizes = reassign(state.assignment, state.sizes, batch, groups)
         target = jnp.where(valid, batch, data.num_clients)  # out of range: dropped
@@ -274,26 +284,31 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         return (state.replace(assignment=assignment, sizes=sizes, joined_labels=joined,
                               migration_pending=pending), jnp.sum(valid))
 
-    def round_(state, data, key, hp):
-        sample_key, cold_key, train_key, migrate_key = jax.random.split(key, 4)
+    def round_(state, data, key, hp, exchange):
+        """Migration, newcomers' pre-training and the groups' FedAvg with their own keys, so
+        the round is written here from the skeleton's pieces; the pre-training updates and
+        the trained models are messages through the run's transform."""
+        _, cold_key, train_key, migrate_key = jax.random.split(key, 4)
         migrated = jnp.zeros((), jnp.int32)
         if migrates:
             # Label counts change only when the data moves: test all clients only then.
             state, migrated = occasional_cond(
                 data.owners_changed | state.migration_pending,
-                lambda s: migrate(s, data, migrate_key, hp),
+                lambda s: migrate(s, data, migrate_key, hp, exchange),
                 lambda s: (s, jnp.zeros((), jnp.int32)), state)
-        clients = round_clients(data, sample_key, clients_per_round)
+        clients = exchange.clients
         current = state.assignment[clients]
         newcomer = current < 0
-        joined, pretrained, taken, losses = join(state, data, cold_key, clients, newcomer, hp)
+        joined, pretrained, taken, losses = join(state, data, cold_key, clients, newcomer, hp,
+                                                 exchange)
         group = jnp.where(newcomer, joined, current)
         weights = data.train_counts[clients]
         goes_on = pretrained is not None
         start_models, selection = round_start(state.models, pretrained, clients, group,
                                               newcomer, taken, weights, hp.training)
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, train_key, start_models, selection, weights, group, num_groups)
+        sums, weight_sums, _, stats, exchange = train_and_aggregate(
+            hp.training, data, train_key, start_models, selection, weights, group, num_groups,
+            exchange=exchange, block_size=block_size)
         if goes_on and hp.params.newcomer_join == "update":
             sums = newcomers_as_updates(sums, state.models, state.w0, weights, newcomer, group)
         # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.
@@ -324,17 +339,21 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
         new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
                                   round=state.round + 1, joined_labels=joined_labels,
                                   received=received)
-        return new_state, metrics
+        return new_state, metrics, exchange
 
-    def client_models(state):
+    def client_models(state, data):
+        del data
         if state.received is not None:  # last_received: each client its own
-            return own_models(state.received)
+            return shared_models(*own_models(state.received))
         # Clients outside every group are evaluated with W_0, appended as model K.
-        return (with_w0(state.models, state.w0),
-                jnp.where(state.assignment < 0, num_groups, state.assignment))
+        return shared_models(with_w0(state.models, state.w0),
+                             jnp.where(state.assignment < 0, num_groups, state.assignment))
 
-    return FederatedAlgorithm(name, init, round_, client_models,
-                              assignments=lambda s: s.assignment)
+    # (the first of the round key's four parts samples the clients)
+    return clustered_algorithm(
+        context, init, round_,
+        participants=sampled(clients_per_round, lambda key: jax.random.split(key, 4)[0]),
+        client_models=client_models)
 
 
 @register("flexcfl", FlexCFLParams, clustered=True, reference="Duan et al., 2021, FlexCFL",
@@ -342,4 +361,4 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False,
           "label distribution moved more than tau_i = 0.2 n_i / classes redoes its cold start")
 def flexcfl(context: AlgorithmContext) -> FederatedAlgorithm:
     """FlexCFL (paper 004): FedGroup plus client migration under distribution shift."""
-    return fedgroup(context, migrates=True, name="flexcfl")
+    return fedgroup(context, migrates=True)

@@ -23,12 +23,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import LocalTraining, RoundClients, client_num_steps, train_and_aggregate
+from mcfl.algorithms.skeleton import global_model, global_start, skeleton_algorithm
+from mcfl.engine import LocalTraining, client_num_steps
 from mcfl.errors import ConfigError
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -78,29 +78,27 @@ def fednova(context: AlgorithmContext) -> FederatedAlgorithm:
         del data, hp
         return GlobalModelState(context.model.init(key))
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
-        zeros = jnp.zeros_like(clients)
-        # (mu 0 pulls with weight 0: the same steps, and mu stays a traced number a sweep
-        # can vary)
+    def normalised(data, clients, hp):
+        """The clients' training (mu 0 pulls with weight 0: the same steps, and mu stays a
+        traced number a sweep can vary), their shares p_i and their ||a_i||_1."""
         training = hp.training.replace(mu=hp.params.mu)
         samples = data.train_counts[clients]
         p = samples.astype(jnp.float32) / jnp.maximum(jnp.sum(samples), 1).astype(jnp.float32)
-        a = gradient_weight(client_num_steps(samples, training), training)
+        return training, p, gradient_weight(client_num_steps(samples, training), training)
+
+    def start(state, data, clients, hp):
+        training, p, a = normalised(data, clients, hp)
         # A client without steps (none of its rows trained) moves nothing: weight 0.
         w = jnp.where(a > 0, p / jnp.maximum(a, 1e-30), 0.0)
-        sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, stack(state.params), RoundClients(clients, zeros), w,
-            zeros, 1)
+        return global_start(state.params, clients, w, training)
+
+    def server(state, summed, data, hp):
+        _, p, a = normalised(data, summed.clients, hp)
         tau_eff = jnp.sum(p * a)
-        params = jax.tree.map(
-            lambda x, s: x - tau_eff * (weight_sums[0] * x - s[0]), state.params, sums)
-        metrics = training_metrics(samples, stats)
+        params = jax.tree.map(lambda x, s: x - tau_eff * (summed.weight_sums[0] * x - s[0]),
+                              state.params, summed.sums)
+        metrics = summed.metrics(data)
         metrics["tau_eff"] = tau_eff
         return GlobalModelState(params), metrics
 
-    def client_models(state):
-        return stack(state.params), None
-
-    return FederatedAlgorithm("fednova", init, round_, client_models)
+    return skeleton_algorithm(context, init, start, server, global_model())

@@ -17,12 +17,19 @@ from typing import Annotated
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.apfl import refuse_stateful
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    refuse_stateful,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.partial import joined, own_layers, split
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.algorithms.skeleton import weighted_mean_of
+from mcfl.engine import RoundClients, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
@@ -47,19 +54,21 @@ class FedRepParams:
           summary="clients train their own head (fedrep_head_epochs, body fixed), then the "
           "shared body (head fixed); bodies averaged; evaluated with body and own head")
 def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
-    """FedRep; the shared state is (body, W_0's head), a client's row its head."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """FedRep; the state is (body, W_0's head), a client's row its head. Its round is two
+    trainings (the head, which stays with the client, then the body, the client's message
+    through the run's transform), written here."""
+    model = context.model
     refuse_stateful(model, "fedrep")
 
     def head_of(params):
         return own_layers(model, params.head_layers, True, "fedrep_head_layers")
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data
         return split(model.init(key), head_of(hp.params), ())
 
-    def fresh(shared, clients):
-        return stack(shared[1], clients.shape[0])
+    def fresh(state, clients):
+        return stack(state[1], clients.shape[0])
 
     def objective_training(training, train):
         """`training` on the whole model with only the part `train` ("body" or "head")
@@ -73,26 +82,26 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
 
         return training.replace(objective=objective, low_rank="off")
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
+    def round_(state, data, key, hp, exchange):
         head_key, body_key = jax.random.split(jax.random.split(key)[1])
+        clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         selection = RoundClients(clients, jnp.arange(size, dtype=jnp.int32))
-        start = {"body": stack(shared[0], size), "head": rows}
+        start = {"body": stack(state[0], size), "head": rows}
         head_training = hp.training.replace(local_epochs=hp.params.head_epochs,
                                             local_steps=None)
-        heads, _ = train_and_collect(objective_training(head_training, "head"), data,
-                                     head_key, start, selection)
-        trained, stats = train_and_collect(objective_training(hp.training, "body"), data,
-                                           body_key, heads, selection)
+        heads, _, _ = train_and_collect(objective_training(head_training, "head"), data,
+                                        head_key, start, selection, block_size=context.block_size)
+        trained, stats, exchange = train_and_collect(
+            objective_training(hp.training, "body"), data, body_key, heads, selection,
+            exchange=exchange, sent=part_at("body"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
-        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-        body = jax.tree.map(lambda x: jnp.tensordot(share, x, axes=1), trained["body"])
-        return (body, shared[1]), trained["head"], training_metrics(weights, stats)
+        body, exchange = weighted_mean_of(trained["body"], weights, exchange)
+        return ((body, state[1]), training_metrics(weights, stats),
+                exchange.replace(rows=trained["head"]))
 
-    def models(shared, rows, clients):
-        return joined(stack(shared[0], clients.shape[0]), rows, ())
+    def models(state, rows, clients):
+        return joined(stack(state[0], clients.shape[0]), rows, ())
 
-    return with_client_rows("fedrep", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))

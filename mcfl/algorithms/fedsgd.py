@@ -1,5 +1,9 @@
 """FedSGD (McMahan et al., 2017): one full-batch gradient per sampled client per round; the
-server averages them (weighted by n_i) and takes one step of its optimizer."""
+server averages them (weighted by n_i) and takes one step of its optimizer.
+
+Its round is not the skeleton's (`mcfl.algorithms.skeleton`): a client computes a gradient
+instead of training. The gradient is its message: it goes through the run's transform (stage
+(d)) in `gradients_and_aggregate`, and the sums through the transform's server part."""
 
 from __future__ import annotations
 
@@ -10,8 +14,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from mcfl.algorithms.base import FederatedAlgorithm, refuse_mutable_state, stack
+from mcfl.algorithms.base import (
+    Exchange,
+    FederatedAlgorithm,
+    refuse_mutable_state,
+    sampled,
+    stack,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import global_model
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -23,8 +34,8 @@ from mcfl.engine import (
     ceil_div,
     gradient_of_client,
     reduce_clients,
+    server_part,
 )
-from mcfl.sampling import round_clients
 
 
 def gradients_and_aggregate(
@@ -37,9 +48,11 @@ def gradients_and_aggregate(
     num_segments: int,
     chunk: int = CLIENT_ROWS_CHUNK,
     block_size: Optional[int] = None,
-) -> tuple[PyTree, jax.Array, jax.Array]:
-    """FedSGD's client work: each selected client's full-batch gradient at its start model,
-    reduced into weighted per-segment sums. Returns (sums, weight_sums, loss [S])."""
+    exchange: Optional[Exchange] = None,
+) -> tuple[PyTree, jax.Array, jax.Array, Optional[Exchange]]:
+    """FedSGD's client work: each selected client's full-batch gradient at its start model
+    (its message, through the exchange's transform), reduced into weighted per-segment sums.
+    Returns (sums, weight_sums, loss [S], exchange)."""
     counts = data.train_counts[selection.clients]
     inputs = {
         "client": selection.clients,
@@ -50,16 +63,20 @@ def gradients_and_aggregate(
     }
 
     gradient_block = by_length(gradient_of_client(apply_fn, data, start_models, chunk), "chunks")
+    transform = None if exchange is None else exchange.transform
 
     def block_fn(block):
         grads, loss = gradient_block(block)
+        if transform is not None and transform.client is not None:
+            grads = jax.vmap(lambda g: transform.client(g, exchange.transform_state))(grads)
         return grads, block["segment"], loss
 
     like = jax.tree.map(lambda m: m[0], start_models)
     block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
     sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
                                                   num_segments, like)
-    return sums, weight_sums, loss
+    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums)
+    return sums, weight_sums, loss, exchange
 
 
 class FedSGDState(flax.struct.PyTreeNode):
@@ -85,13 +102,14 @@ def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> Federat
         params = model.init(key)
         return FedSGDState(params, server_optimizer(hp).init(params))
 
-    def round_(state, data, key, hp):
-        clients = round_clients(data, key, clients_per_round)
+    def round_(state, data, key, hp, exchange):
+        del key  # (it chose the participants)
+        clients = exchange.clients
         zeros = jnp.zeros_like(clients)
         weights = data.train_counts[clients]
-        sums, weight_sums, losses = gradients_and_aggregate(
+        sums, weight_sums, losses, exchange = gradients_and_aggregate(
             model.apply, data, stack(state.params), RoundClients(clients, zeros), weights,
-            zeros, 1, chunk)
+            zeros, 1, chunk, context.block_size, exchange)
         grad = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
         updates, opt_state = server_optimizer(hp).update(grad, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -105,9 +123,8 @@ def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> Federat
             "models_up": jnp.float32(clients_per_round),  # gradients, the size of a model
             "server_step_norm": optax.tree.norm(updates),
         }
-        return FedSGDState(params, opt_state), metrics
+        return FedSGDState(params, opt_state), metrics, exchange
 
-    def client_models(state):
-        return stack(state.params), None
-
-    return FederatedAlgorithm("fedsgd", init, round_, client_models)
+    # (the whole round key samples the clients)
+    return FederatedAlgorithm(init, sampled(clients_per_round, lambda key: key), round_,
+                              global_model())

@@ -33,10 +33,16 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.apfl import mixture
-from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
+from mcfl.algorithms.base import (
+    ClientModels,
+    ClientState,
+    FederatedAlgorithm,
+    sampled,
+    training_metrics,
+)
 from mcfl.algorithms.clustered import cluster_count
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
+from mcfl.algorithms.skeleton import as_messages, columns_mean_of
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -116,11 +122,15 @@ def soft_centers(centers: PyTree, weights: jax.Array) -> PyTree:
           "pull (lambda/2) sum_s u_ks ‖w − c_s‖²; centers: u_ks n_k-weighted means; evaluated "
           "with the local model")
 def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
-    """FedSoft with K = ``context.num_clusters`` centers; a client's row is its local model."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """FedSoft with K = ``context.num_clusters`` centers; a client's row is its local model.
+    A client keeps its trained local model; what it sends is that model's update (through the
+    run's transform), which the centers average with the weights u_ks n_k: collected messages,
+    so the round is written here. (The importance estimate's counts, sent every tau rounds by
+    every client, are statistics, not model updates: they go through no transform.)"""
+    model = context.model
     num_centers = context.num_clusters
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         centers = jax.vmap(model.init)(jax.random.split(key, num_centers))
         size = data.num_clients
         return FedSoftShared(centers, jnp.full((size, num_centers), 1.0 / num_centers),
@@ -133,7 +143,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def estimate(shared, data, hp):
         everyone = jnp.arange(data.num_clients, dtype=jnp.int32)
-        counts = nearest_center_counts(model.apply, data, shared.centers, everyone)
+        counts = nearest_center_counts(model.apply, data, shared.centers, everyone,
+                                       block_size=context.block_size)
         return importance_weights(counts, hp.params.smoother)
 
     def own_models(shared, rows, clients):
@@ -147,9 +158,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
         use_center = jnp.broadcast_to(shared.evaluate_center, clients.shape).astype(jnp.float32)
         return mixture(center, own_models(shared, rows, clients), use_center)
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
+    def round_(shared, data, key, hp, exchange):
+        clients, rows = exchange.clients, exchange.rows
         train_key = jax.random.split(key)[1]
         due = shared.round % hp.params.interval == 0
         weights = occasional_cond(due, lambda: estimate(shared, data, hp), lambda: shared.weights)
@@ -161,15 +171,15 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
                               own_models(shared, rows, clients),
                               soft_centers(shared.centers, u))
         index = jnp.arange(size, dtype=jnp.int32)
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             hp.training.replace(mu=hp.params.lam), data, train_key, models,
-            RoundClients(clients, index, anchor_index=size + index))
+            RoundClients(clients, index, anchor_index=size + index), exchange=exchange,
+            sent=None, block_size=context.block_size)
+        starts = jax.tree.map(lambda m: m[:size], models)
         counts = data.train_counts[clients].astype(jnp.float32)
         share = u * counts[:, None]  # [S, K] the paper's aggregation weights, unnormalised
-        total = jnp.sum(share, axis=0)
-        averaged = jax.tree.map(
-            lambda w: jnp.tensordot(share.T / jnp.maximum(total, 1e-30)[:, None], w, axes=1),
-            trained)
+        averaged, total, exchange = columns_mean_of(as_messages(exchange, trained, starts),
+                                                    share, 1e-30, exchange)
         centers = jax.tree.map(
             lambda new, old: jnp.where(
                 (total > 0).reshape((-1,) + (1,) * (old.ndim - 1)), new, old),
@@ -183,11 +193,14 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
             jnp.zeros((num_centers,), jnp.int32).at[cluster_of].add(1))
         new_shared = shared.replace(centers=centers, trained=shared.trained.at[clients].set(True),
                                     round=shared.round + 1)
-        return new_shared, trained, metrics
+        return new_shared, metrics, exchange.replace(rows=trained)
 
-    return with_client_rows(
-        "fedsoft", ClientRows(init_shared, fresh, sample, round_, evaluated),
-        context.store_dtype,
-        assignments=lambda shared: jnp.argmax(shared.weights, axis=1).astype(jnp.int32),
-        trainable_models=lambda shared: (  # the embedding: each client from its center
-            shared.centers, jnp.argmax(shared.weights, axis=1).astype(jnp.int32)))
+    def cluster_of(shared):
+        return jnp.argmax(shared.weights, axis=1).astype(jnp.int32)
+
+    def client_models(shared, data):
+        del data  # the embedding trains each client from its center
+        return ClientModels(train_from=(shared.centers, cluster_of(shared)))
+
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
+                              cluster_of, ClientState(fresh, evaluated, context.store_dtype))

@@ -34,6 +34,7 @@ from mcfl.algorithms.clustered import (
     unravel_rows,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import Start, round_of
 from mcfl.algorithms.stored import at_storage_precision
 from mcfl.clustering import kmeans
 from mcfl.clustering.streamed import cluster_means_streamed, kmeans_streamed
@@ -44,7 +45,6 @@ from mcfl.engine import (
     train_and_aggregate,
     train_and_collect,
 )
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 
@@ -100,17 +100,17 @@ def prox_scale(data, clients: jax.Array) -> jax.Array:
           summary="sampled clients train from their center with Eq. 8's proximal term; E-step: "
           "each joins its nearest center (Eq. 9); M-step: centers become their members' mean "
           "(Eq. 10); initialised by k-means with restarts on one round of local models")
-def fesem(context: AlgorithmContext, name: str = "fesem",
-          align_to_centers=None) -> FederatedAlgorithm:
+def fesem(context: AlgorithmContext, align_to_centers=None) -> FederatedAlgorithm:
     """FeSEM with K = ``context.num_clusters`` centers and distance weight lambda
     (``hp.params.lam``).
 
     The default lambda = 0.05 gives a proximal weight mu = 2 lambda = 0.1 for a client of
     average size, the FedProx mu used in the FeSEM paper's baselines. With
     `align_to_centers(block, centers)`, each block of trained models is aligned to the centers
-    its clients joined before the M-step averages them (FeSEM-MA).
+    its clients joined before the M-step averages them (FeSEM-MA). The round is the skeleton's
+    (`mcfl.algorithms.skeleton`): the E-step picks each message's segment after training.
     """
-    model, clients_per_round = context.model, context.clients_per_round
+    model = context.model
     num_clusters = context.num_clusters
 
     def m_step_weights(data, clients, params):
@@ -126,9 +126,10 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
         w0 = model.init(init_key)
         selection = RoundClients(clients, jnp.zeros_like(clients))
         plain = hp.training.replace(mu=None)
-        points, _ = train_and_collect(
+        points, _, _ = train_and_collect(
             plain, data, train_key, stack(w0), selection,
-            features=lambda block: stacked_features(block, hp.params.last_layer))
+            features=lambda block: stacked_features(block, hp.params.last_layer),
+            block_size=context.block_size)
         return points
 
     def start_state(data, key, hp, labels, means):
@@ -140,9 +141,10 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
         if hp.params.last_layer:
             clients = jnp.arange(data.num_clients, dtype=jnp.int32)
             selection = RoundClients(clients, jnp.zeros_like(clients))
-            sums, weight_sums, _, _ = train_and_aggregate(
+            sums, weight_sums, _, _, _ = train_and_aggregate(
                 hp.training.replace(mu=None), data, train_key, stack(w0), selection,
-                m_step_weights(data, clients, hp.params), labels, num_clusters)
+                m_step_weights(data, clients, hp.params), labels, num_clusters,
+                block_size=context.block_size)
             centers = segment_mean(sums, weight_sums, stack(w0, num_clusters))
         else:
             centers = unravel_rows(means, w0)
@@ -173,10 +175,8 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
                                                        np.asarray(weights)), jnp.float32)
         return jax.jit(start_state)(data, key, hp, jnp.asarray(labels), means)
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, clients_per_round)
-        start = state.assignment[clients]
+    def start(state, data, clients, hp):
+        begin = state.assignment[clients]
         features = features_fn(hp.params.last_layer)
         center_features = jax.vmap(features)(state.models)
 
@@ -189,15 +189,16 @@ def fesem(context: AlgorithmContext, name: str = "fesem",
                 joined = jax.tree.map(lambda m: m[segment], state.models)
                 return align_to_centers(trained_block, joined)
 
-        weights = m_step_weights(data, clients, hp.params)
-        local = hp.training.replace(mu=2.0 * hp.params.lam)
-        sums, weight_sums, segment, stats = train_and_aggregate(
-            local, data, train_key, state.models, RoundClients(clients, start), weights,
-            start, num_clusters, prox_scale(data, clients), assign=e_step, align=align)
-        return finish_round(record_received(state, clients, start), clients, segment, sums,
-                            weight_sums, stats, weights, data.train_counts[clients],
-                            num_clusters)
+        return Start(state.models, RoundClients(clients, begin),
+                     m_step_weights(data, clients, hp.params), begin, num_clusters,
+                     hp.training.replace(mu=2.0 * hp.params.lam), prox_scale(data, clients),
+                     e_step, align)
 
-    return clustered_algorithm(name, init, round_,
-                               population_start=PopulationStart(start_points, finish),
-                               store_dtype=context.store_dtype)
+    def server(state, summed, data, hp):
+        received = record_received(state, summed.clients, summed.starts)
+        return finish_round(received, summed.clients, summed.segments, summed.sums,
+                            summed.weight_sums, summed.stats, summed.weights,
+                            data.train_counts[summed.clients], num_clusters)
+
+    return clustered_algorithm(context, init, round_of(context, start, server),
+                               PopulationStart(start_points, finish))

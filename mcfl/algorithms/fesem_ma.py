@@ -33,4 +33,4 @@ def fesem_ma(context: AlgorithmContext) -> FederatedAlgorithm:
             return models
         return jax.vmap(lambda m, c: align(m, c, hidden))(models, centers)
 
-    return fesem(context, name="fesem_ma", align_to_centers=aligned)
+    return fesem(context, align_to_centers=aligned)

@@ -59,15 +59,16 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
         assignment = jnp.zeros((data.num_clients,), jnp.int32)
         return ClusterState.create(models, assignment, jnp.arange(num_clusters) == 0)
 
-    def cluster_round(state, data, key, hp):
+    def cluster_round(state, data, key, hp, exchange):
         """Every client trains from the global model; clusters of their updates; each
         cluster's model the n_i-weighted mean of its members'."""
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         zeros = jnp.zeros_like(clients)
         global_model = jax.tree.map(lambda m: m[:1], state.models)
-        trained, stats = train_and_collect(hp.training, data, jax.random.split(key)[1],
-                                           global_model, RoundClients(clients, zeros),
-                                           features=flat_models)
+        trained, stats, exchange = train_and_collect(
+            hp.training, data, jax.random.split(key)[1], global_model,
+            RoundClients(clients, zeros), features=flat_models, exchange=exchange,
+            block_size=context.block_size)
         updates = trained - flat_models(global_model)  # [C, d]
         distance = jnp.sqrt(jnp.maximum(squared_distances(updates, updates), 0.0))
         threshold = hp.params.threshold
@@ -87,14 +88,15 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
             weights * jnp.sum(jnp.square(trained - centers[labels]), axis=1)) / jnp.sum(weights)
         metrics["num_clusters"] = cluster_count(sizes)
         return state.replace(models=models, assignment=labels, active=sizes > 0, sizes=sizes,
-                             round=state.round + 1), metrics
+                             round=state.round + 1), metrics, exchange
 
-    def fedavg_round(state, data, key, hp):
-        return fixed_cluster_round(state, data, key, hp, context.clients_per_round,
-                                   num_clusters)
+    fedavg_round = fixed_cluster_round(context)
 
-    def round_(state, data, key, hp):
+    def round_(state, data, key, hp, exchange):
+        """The clustering round, once, trains every client (their updates are messages
+        through the run's transform; not only the round's participants); the others are the
+        skeleton's FedAvg inside each cluster."""
         return occasional_cond(state.round == hp.params.warmup, cluster_round, fedavg_round,
-                               state, data, key, hp)
+                               state, data, key, hp, exchange)
 
-    return clustered_algorithm("flhc", init, round_)
+    return clustered_algorithm(context, init, round_)

@@ -23,12 +23,13 @@ from mcfl.algorithms.base import FederatedAlgorithm, stack
 from mcfl.algorithms.clustered import (
     EVALUATIONS,
     ClusterState,
+    cluster_server,
     clustered_algorithm,
-    finish_round,
     flat_models,
     record_received,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import Start, round_of
 from mcfl.clustering import kmeans_plusplus_indices
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
@@ -38,10 +39,9 @@ from mcfl.engine import (
     RoundClients,
     row_losses,
     sums_over_client_rows,
-    train_and_aggregate,
     train_and_collect,
 )
-from mcfl.sampling import round_clients, sample_clients
+from mcfl.sampling import sample_clients
 from mcfl.settings import setting
 
 INITS = ("random", "kmeans++")
@@ -84,12 +84,15 @@ class IFCAParams:
           summary="each sampled client receives all K models, joins the one of lowest loss on "
           "its training data, trains it; per-cluster averaging weighted by n_i")
 def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
-    """IFCA with K = ``context.num_clusters`` models."""
+    """IFCA with K = ``context.num_clusters`` models; its round is the skeleton's
+    (`mcfl.algorithms.skeleton`): each client starts from, and is summed into, the model of
+    lowest loss on its data."""
     model, clients_per_round = context.model, context.clients_per_round
     num_clusters = context.num_clusters
 
     def identities(models, data, clients):
-        losses = losses_of_models(model.apply, data, models, clients)  # [S, K]
+        losses = losses_of_models(model.apply, data, models, clients,
+                                  block_size=context.block_size)  # [S, K]
         return jnp.argmin(losses, axis=1).astype(jnp.int32)
 
     def initial_models(data, key, hp):
@@ -98,8 +101,10 @@ def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
         init_key, sample_key, train_key, seed_key = jax.random.split(key, 4)
         sampled = sample_clients(sample_key, data.num_clients,
                                  max(clients_per_round, num_clusters))
-        local, _ = train_and_collect(hp.training, data, train_key, stack(model.init(init_key)),
-                                     RoundClients(sampled, jnp.zeros_like(sampled)))
+        local, _, _ = train_and_collect(hp.training, data, train_key,
+                                        stack(model.init(init_key)),
+                                        RoundClients(sampled, jnp.zeros_like(sampled)),
+                                        block_size=context.block_size)
         chosen = kmeans_plusplus_indices(seed_key, flat_models(local), num_clusters)
         return jax.tree.map(lambda m: m[chosen], local)
 
@@ -109,18 +114,15 @@ def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
         return ClusterState.create(models, identities(models, data, clients),
                                    jnp.ones((num_clusters,), bool), hp.params.evaluate_with)
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, clients_per_round)
+    def start(state, data, clients, hp):
         joined = identities(state.models, data, clients)
-        weights = data.train_counts[clients]
-        sums, weight_sums, _, stats = train_and_aggregate(
-            hp.training, data, train_key, state.models, RoundClients(clients, joined), weights,
-            joined, num_clusters)
-        new_state, metrics = finish_round(record_received(state, clients, joined), clients,
-                                          joined, sums, weight_sums, stats, weights, weights,
-                                          num_clusters)
-        metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client
-        return new_state, metrics
+        return Start(state.models, RoundClients(clients, joined), data.train_counts[clients],
+                     joined, num_clusters)
 
-    return clustered_algorithm("ifca", init, round_)
+    def server(state, summed, data, hp):
+        received = record_received(state, summed.clients, summed.starts)
+        state, metrics = cluster_server(received, summed, data, hp, num_clusters)
+        metrics["models_down"] = metrics["models_down"] * num_clusters  # all K go to each client
+        return state, metrics
+
+    return clustered_algorithm(context, init, round_of(context, start, server))

@@ -11,9 +11,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
 from mcfl.engine import RoundClients, train_and_collect
 
 
@@ -21,31 +27,31 @@ from mcfl.engine import RoundClients, train_and_collect
           summary="each client trains only its own model; evaluated with that model; nothing is "
           "sent")
 def local(context: AlgorithmContext) -> FederatedAlgorithm:
-    """Local training only. All clients start from the same initial model W_0 (the shared
-    state; a client's row is its model)."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """Local training only. All clients start from the same initial model W_0 (the state; a
+    client's row is its model). Nothing is sent, so no message goes through a transform."""
+    model = context.model
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data, hp
         return model.init(key)
 
     def fresh(w0, clients):
         return stack(w0, clients.shape[0])
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(w0, rows, clients, data, key, hp):
+    def round_(w0, data, key, hp, exchange):
         train_key = jax.random.split(key)[1]
+        clients = exchange.clients
         positions = jnp.arange(clients.shape[0], dtype=jnp.int32)
-        trained, stats = train_and_collect(hp.training, data, train_key, rows,
-                                           RoundClients(clients, positions))
+        trained, stats, exchange = train_and_collect(
+            hp.training, data, train_key, exchange.rows, RoundClients(clients, positions),
+            exchange=exchange, sent=None, block_size=context.block_size)
         metrics = training_metrics(data.train_counts[clients], stats)
         metrics.update(models_down=jnp.zeros(()), models_up=jnp.zeros(()))  # nothing is sent
-        return w0, trained, metrics
+        return w0, metrics, exchange.replace(rows=trained)
 
     def models(w0, rows, clients):
         del w0, clients
         return rows
 
-    return with_client_rows("local", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))

@@ -3,18 +3,20 @@ Normalization", ICLR): every client keeps its batch-norm layers (their running s
 their scale and bias) to itself; everything else is federated by the algorithm as usual.
 
 `with_local_norm` wraps any algorithm whose clients train locally, as
-`mcfl.algorithms.shift.with_shift` does: its state adds the clients' local parts [C, ...]
-(`mcfl.models.spec.local_part`, initialised from the model each client would be evaluated
-with). Each round hands them to local training (``LocalTraining.client_state``: a client's
-own layers replace its start model's before it trains), and the trained clients' layers come
-back through the round's metrics (`base.CLIENT_LOCAL`) into the state. A client is evaluated
-with its model (its cluster's, or the global one) carrying its own layers, so evaluation
-holds one model per client ([C, ...]).
+`mcfl.algorithms.shift.with_shift` does, by adding a row per client (`ClientState`): its own
+normalisation layers (`mcfl.models.spec.local_part`; fresh: those of the model the client
+would be evaluated with after `init`), beside the inner algorithm's own row when it keeps one.
+So they live where the run's client store puts rows: on the device, in host memory or on
+disk. A round hands the participants' layers to the inner round in its `Exchange`
+(``exchange.norm_layers``): the engine puts a client's layers into its start model before it
+trains and returns the trained ones, which become its row. A client is evaluated with its
+model (its cluster's, or the global one) carrying its own layers.
 
-What it does not reach: training outside a round's `training_metrics` (FeSEM's start, which
-trains every client once, and FedGroup's pre-training) starts from the clients' local layers
-but keeps their trained ones out of the state; IFCA picks clusters by the centres' losses with
-the centres' own normalisation layers.
+What it does not reach: training of clients other than the round's participants (FeSEM's and
+Robust's starts, FedGroup's cold start and its migrating clients, FL+HC's clustering round)
+starts from the model's own layers and keeps nothing; IFCA picks clusters by the centres'
+losses with the centres' own normalisation layers. The inner algorithm's client models must
+not depend on the data (FedBN is applied before a shift's view).
 """
 
 from __future__ import annotations
@@ -22,52 +24,57 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import CLIENT_LOCAL, FederatedAlgorithm, wrapping
+from mcfl.algorithms.base import ClientModels, ClientState, FederatedAlgorithm
 from mcfl.errors import ConfigError
 from mcfl.models.spec import local_part, with_local_part
 
 
-def _with_client_state(hp, local):
-    return hp.replace(training=hp.training.replace(client_state=local))
-
-
-def with_local_norm(algorithm: FederatedAlgorithm, collections: tuple[str, ...]
-                    ) -> FederatedAlgorithm:
-    """`algorithm` with each client's batch-norm layers kept local (FedBN)."""
+def with_local_norm(algorithm: FederatedAlgorithm, collections: tuple[str, ...],
+                    name: str = "the algorithm") -> FederatedAlgorithm:
+    """`algorithm` (registered as `name`) with each client's batch-norm layers kept local
+    (FedBN)."""
     if not collections:
         raise ConfigError("bn=local keeps a model's batch-norm layers local (FedBN), but the "
                           "model has no mutable collections (no nn.BatchNorm); use bn=global")
+    inner = algorithm.client_state
+    inner_rows = algorithm.rows
 
-    def own_models(state, num_clients):
-        """Each client's model [C, ...] (index None: every client has model 0)."""
-        models, index = algorithm.client_models(state)
-        if index is None:
-            index = jnp.zeros((num_clients,), jnp.int32)
-        return jax.tree.map(lambda m: m[index], models)
+    def inner_models(state, rows, clients):
+        """[b] the models the inner algorithm evaluates `clients` [b] with."""
+        if inner_rows:
+            return inner.models(state, rows, clients)
+        described = algorithm.client_models(state, None)
+        index = described.index
+        row = (jnp.zeros_like(clients) if index is None else index[clients])
+        return jax.tree.map(lambda m: m[row], described.models)
 
-    def clients_local(state, num_clients):
-        own = own_models(state, num_clients)
-        return jax.vmap(lambda model: local_part(model, collections))(own)
+    def fresh(state, clients):
+        rows = inner.fresh(state, clients) if inner_rows else None
+        models = inner_models(state, rows, clients)
+        return rows, jax.vmap(lambda model: local_part(model, collections))(models)
 
-    def init(data, key, hp):
-        inner = algorithm.init(data, key, hp)
-        return inner, clients_local(inner, data.num_clients)
+    def models(state, rows, clients):
+        own, layers = rows
+        return jax.vmap(with_local_part)(inner_models(state, own, clients), layers)
 
-    def round_(state, data, key, hp):
-        inner, local = state
-        inner, metrics = algorithm.round(inner, data, key, _with_client_state(hp, local))
-        if CLIENT_LOCAL not in metrics:
+    def round_(state, data, key, hp, exchange):
+        own, layers = exchange.rows
+        state, metrics, exchange = algorithm.round(
+            state, data, key, hp, exchange.replace(rows=own, norm_layers=layers))
+        if not exchange.norm_trained:
             raise ConfigError(f"bn=local needs an algorithm whose clients train locally; "
-                              f"{algorithm.name!r} does not")
-        clients, trained = metrics.pop(CLIENT_LOCAL)
-        local = jax.tree.map(lambda old, new: old.at[clients].set(new), local, trained)
-        return (inner, local), metrics
+                              f"{name!r} does not")
+        return state, metrics, exchange.replace(rows=(exchange.rows, exchange.norm_layers),
+                                                norm_layers=None, norm_trained=False)
 
-    def client_models(state):
-        inner, local = state
-        num_clients = jax.tree.leaves(local)[0].shape[0]
-        own = own_models(inner, num_clients)
-        return (jax.vmap(with_local_part)(own, local),
-                jnp.arange(num_clients, dtype=jnp.int32))
+    def client_models(state, data):
+        described = algorithm.client_models(state, data)
+        train_from = described.train_from
+        if train_from is None and described.models is not None:
+            train_from = (described.models, described.index)
+        return ClientModels(apply=described.apply, data=described.data, train_from=train_from)
 
-    return wrapping(algorithm, init, round_, client_models)
+    client_state = ClientState(fresh, models, inner.dtype if inner else "float32",
+                               inner.start if inner else None)
+    return FederatedAlgorithm(algorithm.init, algorithm.participants, round_, client_models,
+                              algorithm.assignments, client_state)

@@ -89,8 +89,6 @@ def pacfl(context: AlgorithmContext) -> FederatedAlgorithm:
         active = jnp.arange(num_clusters) <= jnp.max(labels)
         return ClusterState.create(models, labels, active)
 
-    def round_(state, data, key, hp):
-        return fixed_cluster_round(state, data, key, hp, context.clients_per_round,
-                                   num_clusters)
-
-    return clustered_algorithm("pacfl", init, round_)
+    # (the subspaces sent at init are statistics of the data, not model updates: no
+    # transform; the rounds are the skeleton's FedAvg inside each cluster)
+    return clustered_algorithm(context, init, fixed_cluster_round(context))

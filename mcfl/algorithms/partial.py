@@ -27,10 +27,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.algorithms.skeleton import weighted_mean_of
+from mcfl.engine import Part, RoundClients, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
@@ -71,44 +78,48 @@ def joined(shared, mine, collections: tuple[str, ...]):
     return {c: {**shared[c], **mine[c]} for c in shared}
 
 
-def partial_personalisation(name: str, context: AlgorithmContext, own_of) -> FederatedAlgorithm:
+def partial_personalisation(context: AlgorithmContext, own_of) -> FederatedAlgorithm:
     """FedAvg on the layers not in ``own_of(hp.params)``; those are each client's rows.
 
-    The shared state is (shared layers, W_0's own layers): its structure says which layers
-    are a client's own, so that fresh rows and models need no hyperparameters."""
-    model, clients_per_round = context.model, context.clients_per_round
+    The state is (shared layers, W_0's own layers): its structure says which layers are a
+    client's own, so that fresh rows and models need no hyperparameters. A client's message is
+    its shared layers' update (through the run's transform); its own layers stay with it. The
+    server's mean is of collected messages, so the round is written here (stages (c)-(e) as
+    `train_and_collect` and `skeleton.weighted_mean_of`)."""
+    model = context.model
     collections = tuple(model.collections)
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data
         return split(model.init(key), own_of(hp.params), collections)
 
-    def fresh(shared, clients):
-        return stack(shared[1], clients.shape[0])
+    def fresh(state, clients):
+        return stack(state[1], clients.shape[0])
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
+    def round_(state, data, key, hp, exchange):
         train_key = jax.random.split(key)[1]
+        clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
-        start = joined(stack(shared[0], size), rows, collections)
-        trained, stats = train_and_collect(
+        own = frozenset(state[1]["params"] if collections else state[1])
+        sent = Part(lambda tree: split(tree, own, collections)[0],
+                    lambda tree, shared: joined(shared, split(tree, own, collections)[1],
+                                                collections))
+        start = joined(stack(state[0], size), rows, collections)
+        trained, stats, exchange = train_and_collect(
             hp.training, data, train_key, start,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)))
-        own = frozenset(shared[1]["params"] if collections else shared[1])
+            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
+            sent=sent, block_size=context.block_size)
         trained_shared, trained_own = split(trained, own, collections)
         weights = data.train_counts[clients].astype(jnp.float32)
-        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-        averaged = jax.tree.map(
-            lambda x: jnp.tensordot(share, x.astype(jnp.float32), axes=1).astype(x.dtype),
-            trained_shared)
-        return (averaged, shared[1]), trained_own, training_metrics(weights, stats)
+        averaged, exchange = weighted_mean_of(trained_shared, weights, exchange)
+        return ((averaged, state[1]), training_metrics(weights, stats),
+                exchange.replace(rows=trained_own))
 
-    def models(shared, rows, clients):
-        return joined(stack(shared[0], clients.shape[0]), rows, collections)
+    def models(state, rows, clients):
+        return joined(stack(state[0], clients.shape[0]), rows, collections)
 
-    return with_client_rows(name, ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +133,7 @@ class FedPerParams:
           "last fedper_layers stay each client's own; evaluated with them")
 def fedper(context: AlgorithmContext) -> FederatedAlgorithm:
     return partial_personalisation(
-        "fedper", context,
+        context,
         lambda params: own_layers(context.model, params.layers, True, "fedper_layers"))
 
 
@@ -138,5 +149,5 @@ class LGParams:
           "representation) stay each client's own, the global layers are averaged (FedAvg)")
 def lg_fedavg(context: AlgorithmContext) -> FederatedAlgorithm:
     return partial_personalisation(
-        "lg_fedavg", context,
+        context,
         lambda params: own_layers(context.model, params.local_layers, False, "lg_local_layers"))

@@ -28,22 +28,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.apfl import refuse_stateful
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    FederatedAlgorithm,
+    refuse_stateful,
+    shared_models,
+    stack,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
+from mcfl.algorithms.skeleton import global_start, skeleton_algorithm
 from mcfl.engine import (
-    RoundClients,
     block_size_for,
     by_length,
     ceil_div,
     gradient_of_client,
     map_clients,
-    segment_mean,
-    train_and_aggregate,
 )
 from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
 from mcfl.engine.training import masked_cross_entropy
-from mcfl.sampling import round_clients
 from mcfl.settings import setting
 
 VARIANTS = ("fo", "hf")
@@ -102,32 +103,28 @@ def maml_objective(apply_fn, alpha, variant: str):
           "evaluated after one step w − alpha ∇f_i(w) on its own data")
 def perfedavg(context: AlgorithmContext) -> FederatedAlgorithm:
     """Per-FedAvg; the state is the global model w (and alpha, for evaluation)."""
-    model, clients_per_round = context.model, context.clients_per_round
+    model = context.model
     refuse_stateful(model, "perfedavg")
 
     def init(data, key, hp):
         del data
         return PerFedAvgState(model.init(key), jnp.asarray(hp.params.alpha, jnp.float32))
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, clients_per_round)
-        zeros = jnp.zeros_like(clients)
-        start = stack(state.params)
+    def start(state, data, clients, hp):
         objective = maml_objective(model.apply, hp.params.alpha, hp.params.variant)
         training = hp.training.replace(objective=objective, low_rank="off")
         # The plain mean of Algorithm 1 (a client without rows adds nothing).
         weights = (data.train_counts[clients] > 0).astype(jnp.float32)
-        sums, weight_sums, _, stats = train_and_aggregate(
-            training, data, train_key, start, RoundClients(clients, zeros), weights, zeros, 1)
-        params = jax.tree.map(lambda m: m[0], segment_mean(sums, weight_sums, start))
-        return state.replace(params=params), training_metrics(data.train_counts[clients], stats)
+        return global_start(state.params, clients, weights, training)
 
-    def client_models(state):
-        return stack(state.params), None
+    def server(state, summed, data, hp):
+        params = jax.tree.map(lambda m: m[0], summed.mean(stack(state.params)))
+        return state.replace(params=params), summed.metrics(data)
 
-    def personalised(state, clients, data):
-        return personalised_models(model.apply, data, state.params, state.alpha, clients)
+    def client_models(state, data):
+        """Each client's model is one step from w on its own data."""
+        return shared_models(stack(state.params), of_clients=lambda clients: (
+            personalised_models(model.apply, data, state.params, state.alpha, clients,
+                                context.block_size)))
 
-    return FederatedAlgorithm("perfedavg", init, round_, client_models,
-                              personalised=personalised)
+    return skeleton_algorithm(context, init, start, server, client_models)

@@ -25,11 +25,18 @@ from typing import Annotated
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.apfl import refuse_stateful
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    refuse_stateful,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.algorithms.skeleton import plain_mean_of
+from mcfl.engine import RoundClients, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy, squared_distance
 from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
@@ -61,23 +68,24 @@ class PFedMeParams:
           "by K inner steps, then w moves toward theta; server (1 − beta) w + beta mean w_i; "
           "evaluated with theta_i")
 def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
-    """pFedMe; the shared state is (w, W_0), a client's row its personalised model theta_i."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """pFedMe; the state is (w, W_0), a client's row its personalised model theta_i. A
+    client's message is its local model w_i (through the run's transform); theta_i stays with
+    it. The round is written here: it trains (w, theta) together and keeps theta as the row."""
+    model = context.model
     refuse_stateful(model, "pfedme")
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data, hp
         w0 = model.init(key)
         return w0, w0
 
-    def fresh(shared, clients):
-        return stack(shared[1], clients.shape[0])
+    def fresh(state, clients):
+        return stack(state[1], clients.shape[0])
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
-        del rows  # theta starts at the global model each round; rows are for evaluation
-        w = shared[0]
+    def round_(state, data, key, hp, exchange):
+        # theta starts at the global model each round; rows are for evaluation
+        clients = exchange.clients
+        w = state[0]
         train_key = jax.random.split(key)[1]
         size = clients.shape[0]
         lam, personal_lr, lr = hp.params.lam, hp.params.personal_lr, hp.training.lr
@@ -97,18 +105,19 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
             return total, masked_cross_entropy(model.apply(solved, xb), yb, mask)
 
         start = stack({"w": w, "theta": w})
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             hp.training.replace(objective=objective, low_rank="off"), data, train_key, start,
-            RoundClients(clients, jnp.zeros((size,), jnp.int32)))
+            RoundClients(clients, jnp.zeros((size,), jnp.int32)), exchange=exchange,
+            sent=part_at("w"), block_size=context.block_size)
         beta = hp.params.beta
-        new_w = jax.tree.map(lambda g, x: (1.0 - beta) * g + beta * jnp.mean(x, axis=0), w,
-                             trained["w"])
+        mean, exchange = plain_mean_of(trained["w"], exchange)
+        new_w = jax.tree.map(lambda g, m: (1.0 - beta) * g + beta * m, w, mean)
         metrics = training_metrics(data.train_counts[clients], stats)  # theta's loss
-        return (new_w, shared[1]), trained["theta"], metrics
+        return (new_w, state[1]), metrics, exchange.replace(rows=trained["theta"])
 
-    def models(shared, rows, clients):
-        del shared, clients
+    def models(state, rows, clients):
+        del state, clients
         return rows
 
-    return with_client_rows("pfedme", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 
@@ -26,13 +26,17 @@ from mcfl.errors import ConfigError, choice_error
 
 class AlgorithmContext(NamedTuple):
     """What every algorithm is built from, whatever its hyperparameters: the model, the
-    clients a round, and K (`num_clusters`: centers, groups, models or most clusters; 1 for
-    single-model algorithms). Everything numeric arrives at run time in `hp`."""
+    clients a round, K (`num_clusters`: centers, groups, models or most clusters; 1 for
+    single-model algorithms), the dtype a client store keeps per-client rows in, and the
+    number of clients the engine trains side by side (`block_size`, the run's plan: an
+    algorithm passes it to every engine call; None: the engine's rule for the models at hand).
+    Everything numeric arrives at run time in `hp`."""
 
     model: Any  # mcfl.models.ModelSpec
     clients_per_round: int
     num_clusters: int = 1
     store_dtype: str = "float32"  # the dtype per-client rows are stored in (mcfl.store)
+    block_size: Optional[int] = None  # clients per vmapped block (mcfl.plan)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ from mcfl.algorithms.stored import at_storage_precision
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
 from mcfl.clustering.streamed import trimmed_kmeans_streamed
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.sampling import round_clients
+from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
 
 AGGREGATORS = ("median", "trimmed_mean")
@@ -83,9 +83,9 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
         training = hp.training
         if hp.params.start_epochs:
             training = training.replace(local_epochs=hp.params.start_epochs, local_steps=None)
-        points, _ = train_and_collect(training, data, train_key, stack(w0),
-                                      RoundClients(clients, jnp.zeros_like(clients)),
-                                      features=flat_models)
+        points, _, _ = train_and_collect(training, data, train_key, stack(w0),
+                                         RoundClients(clients, jnp.zeros_like(clients)),
+                                         features=flat_models, block_size=context.block_size)
         return points
 
     def start_state(key, labels, centers):
@@ -113,13 +113,20 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
         return jax.jit(start_state)(key, jnp.asarray(labels, jnp.int32),
                                     jnp.asarray(centers, jnp.float32))
 
-    def round_(state, data, key, hp):
+    def round_(state, data, key, hp, exchange):
+        """Collected messages (through the run's transform) and a robust statistic of each
+        cluster's, which is not a sum: a transform with a server part is refused."""
+        if exchange.transform.server is not None:
+            raise ConfigError("robust aggregates each cluster by a median or trimmed mean, not "
+                              "a sum; a message transform with a server part (noise on sums) "
+                              "does not apply to it")
         params = hp.params
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
+        train_key = jax.random.split(key)[1]
+        clients = exchange.clients
         cluster = state.assignment[clients]
-        trained, stats = train_and_collect(hp.training, data, train_key, state.models,
-                                           RoundClients(clients, cluster))
+        trained, stats, exchange = train_and_collect(
+            hp.training, data, train_key, state.models, RoundClients(clients, cluster),
+            exchange=exchange, block_size=context.block_size)
         flat = flat_models(trained)  # [S, d]
         aggregate, counts = segment_statistic(flat, cluster, num_clusters, params.aggregator,
                                               params.trim)
@@ -133,8 +140,6 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["intra_cluster_distance"] = jnp.sum(
             weights * jnp.sum(jnp.square(flat - new[cluster]), axis=1)) / jnp.sum(weights)
         return state.replace(models=models, assignment=assignment, sizes=sizes,
-                             round=state.round + 1), metrics
+                             round=state.round + 1), metrics, exchange
 
-    return clustered_algorithm("robust", init, round_,
-                               population_start=PopulationStart(start_points, finish),
-                               store_dtype=context.store_dtype)
+    return clustered_algorithm(context, init, round_, PopulationStart(start_points, finish))

@@ -26,9 +26,16 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientState,
+    FederatedAlgorithm,
+    from_rows,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
+from mcfl.algorithms.skeleton import plain_mean_of, sum_of, transformed
 from mcfl.engine import RoundClients, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
@@ -56,27 +63,29 @@ def zeros_like_model(model_tree):
           "(control variates); c_i updated by option II; the server averages the models and "
           "the variates' changes (Alg. 1)")
 def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
-    """SCAFFOLD; the shared state is (x, c), a client's row its c_i."""
-    model, clients_per_round = context.model, context.clients_per_round
+    """SCAFFOLD; the state is (x, c), a client's row its c_i. A client's messages are y_i - x
+    and c_i^+ - c_i, each through the run's transform; c_i^+ itself, computed from the client's
+    own y_i, stays with it. The round is written here: the server needs both messages."""
+    model = context.model
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del data, hp
         x = model.init(key)
         return x, zeros_like_model(x)
 
-    def fresh(shared, clients):
-        return stack(zeros_like_model(shared[1]), clients.shape[0])
+    def fresh(state, clients):
+        return stack(zeros_like_model(state[1]), clients.shape[0])
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, rows, clients, data, key, hp):
-        x, c = shared
+    def round_(state, data, key, hp, exchange):
+        x, c = state
         train_key = jax.random.split(key)[1]
+        clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         correction = jax.tree.map(lambda cg, ci: cg[None] - ci, c, rows)  # c - c_i
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             hp.training, data, train_key, stack(x),
-            RoundClients(clients, jnp.zeros((size,), jnp.int32), correction=correction))
+            RoundClients(clients, jnp.zeros((size,), jnp.int32), correction=correction),
+            exchange=exchange, sent=None, block_size=context.block_size)
         steps = stats.steps.astype(jnp.float32)
         scale = jnp.where(steps > 0, 1.0 / jnp.maximum(steps * hp.training.lr, 1e-30), 0.0)
 
@@ -85,21 +94,23 @@ def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
             return jnp.where(_per_client(steps > 0, y), moved, ci)
 
         new_rows = jax.tree.map(variate, rows, c, x, trained)
-        new_x = jax.tree.map(
-            lambda xg, y: xg + hp.params.server_lr * jnp.mean(y - xg[None], axis=0), x, trained)
-        new_c = jax.tree.map(lambda cg, new, old: cg + jnp.sum(new - old, axis=0)
-                             / data.num_clients, c, new_rows, rows)
+        moves = transformed(exchange, jax.tree.map(lambda xg, y: y - xg[None], x, trained))
+        changes = transformed(exchange, jax.tree.map(jnp.subtract, new_rows, rows))
+        move, exchange = plain_mean_of(moves, exchange)
+        change, exchange = sum_of(changes, exchange)
+        new_x = jax.tree.map(lambda xg, u: xg + hp.params.server_lr * u, x, move)
+        new_c = jax.tree.map(lambda cg, d: cg + d / data.num_clients, c, change)
         metrics = training_metrics(data.train_counts[clients], stats)
         metrics.update(models_down=2.0 * metrics["models_down"],  # x and c
                        models_up=2.0 * metrics["models_up"])  # y_i - x and c_i^+ - c_i
-        return (new_x, new_c), new_rows, metrics
+        return (new_x, new_c), metrics, exchange.replace(rows=new_rows)
 
-    def models(shared, rows, clients):
+    def models(state, rows, clients):
         del rows
-        return stack(shared[0], clients.shape[0])
+        return stack(state[0], clients.shape[0])
 
-    return with_client_rows("scaffold", ClientRows(init_shared, fresh, sample, round_, models),
-                            context.store_dtype)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, from_rows(),
+                              client_state=ClientState(fresh, models, context.store_dtype))
 
 
 def _per_client(values, like):

@@ -10,9 +10,9 @@ at random, a client is still never sampled after R rounds with probability (1 - 
 (every client in a group) cannot score a short run; after the first pass every client has
 been seen.
 
-`with_schedule` wraps an algorithm as `mcfl.algorithms.shift.with_shift` does: its state adds a
-round counter and the order's key, and each round hands the inner algorithm its clients in
-``data.round_clients``, where `mcfl.sampling.round_clients` finds them.
+`with_schedule` wraps an algorithm as `mcfl.algorithms.shift.with_shift` does: its state adds
+the order's key, and its participants (stage (a) of the round) are the schedule's, which the
+run hands the inner round in its `Exchange`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, wrapping
+from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
 from mcfl.permutation import permute
 from mcfl.sampling import sample_clients
 
@@ -29,8 +29,7 @@ SCHEDULES = ("random", "round_robin_first")
 
 
 class ScheduleState(flax.struct.PyTreeNode):
-    round: jax.Array  # rounds done
-    order_key: jax.Array  # key data of the first pass's order
+    order_key: jax.Array  # key data of the first pass's order (fixed at init)
 
 
 def first_pass_rounds(num_clients: int, clients_per_round: int) -> int:
@@ -39,16 +38,17 @@ def first_pass_rounds(num_clients: int, clients_per_round: int) -> int:
 
 
 def scheduled_clients(schedule: ScheduleState, key: jax.Array, num_clients: int,
-                      clients_per_round: int) -> jax.Array:
-    """This round's clients [S]: in round r < ceil(C / S), positions r S .. r S + S - 1 (mod C)
-    of the keyed order, S distinct clients (the last window wraps to the start of the order);
-    after that S at random."""
+                      clients_per_round: int, round_) -> jax.Array:
+    """Round `round_`'s clients [S] (rounds count from 1; r = round_ - 1 before it): in round
+    r < ceil(C / S), positions r S .. r S + S - 1 (mod C) of the keyed order, S distinct
+    clients (the last window wraps to the start of the order); after that S at random."""
     order_key = jax.random.wrap_key_data(schedule.order_key)
-    positions = (schedule.round * clients_per_round
+    done = jnp.asarray(round_, jnp.int32) - 1
+    positions = (done * clients_per_round
                  + jnp.arange(clients_per_round, dtype=jnp.int32)) % num_clients
     in_turn = permute(order_key, num_clients, positions)
     at_random = sample_clients(key, num_clients, clients_per_round)
-    first_pass = schedule.round < first_pass_rounds(num_clients, clients_per_round)
+    first_pass = done < first_pass_rounds(num_clients, clients_per_round)
     return jnp.where(first_pass, in_turn, at_random).astype(jnp.int32)
 
 
@@ -64,15 +64,25 @@ def with_schedule(algorithm: FederatedAlgorithm, schedule: str,
     def init(data, key, hp):
         order_key, inner_key = jax.random.split(key)
         return (algorithm.init(data, inner_key, hp),
-                ScheduleState(jnp.zeros((), jnp.int32), jax.random.key_data(order_key)))
+                ScheduleState(jax.random.key_data(order_key)))
 
-    def round_(state, data, key, hp):
+    def participants(state, data, key, round_):
+        return scheduled_clients(state[1], jax.random.split(key)[0], data.num_clients,
+                                 clients_per_round, round_)
+
+    def round_(state, data, key, hp, exchange):
         inner, schedule_state = state
-        pick_key, inner_key = jax.random.split(key)
-        clients = scheduled_clients(schedule_state, pick_key, data.num_clients,
-                                    clients_per_round)
-        inner, metrics = algorithm.round(inner, data.replace(round_clients=clients), inner_key,
-                                         hp)
-        return (inner, schedule_state.replace(round=schedule_state.round + 1)), metrics
+        inner, metrics, exchange = algorithm.round(inner, data, jax.random.split(key)[1], hp,
+                                                   exchange)
+        return (inner, schedule_state), metrics, exchange
 
-    return wrapping(algorithm, init, round_)
+    start = None
+    inner_start = algorithm.client_state and algorithm.client_state.start
+    if inner_start:
+        start = PopulationStart(
+            lambda data, key, hp, clients: inner_start.points(data, jax.random.split(key)[1],
+                                                              hp, clients),
+            lambda data, key, hp, source: (
+                inner_start.finish(data, jax.random.split(key)[1], hp, source),
+                ScheduleState(jax.random.key_data(jax.random.split(key)[0]))))
+    return wrapping(algorithm, init, round_, participants, start=start)

@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, wrapping
+from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
 from mcfl.data.federated import FederatedData, client_label_counts
 from mcfl.engine import occasional_cond
 from mcfl.sampling import sample_clients
@@ -163,12 +163,33 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
         shift = initial(data)
         return algorithm.init(view(data, shift), key, hp), shift
 
-    def round_(state, data, key, hp):
+    def participants(state, data, key, round_):
+        # (the inner round's key is the round key's second half; the clients are drawn before
+        # this round's shift, which changes owners, never the clients)
+        return algorithm.participants(state[0], view(data, state[1]),
+                                      jax.random.split(key)[1], round_)
+
+    def round_(state, data, key, hp, exchange):
         inner, shift = state
         shift_key, inner_key = jax.random.split(key)
         shift, moved = advance(shift, data, shift_key, hp.shift_prob)
-        inner, metrics = algorithm.round(inner, view(data, shift), inner_key, hp)
+        inner, metrics, exchange = algorithm.round(inner, view(data, shift), inner_key, hp,
+                                                   exchange)
         metrics["shifted_rows"] = moved
-        return (inner, shift.replace(round=shift.round + 1)), metrics
+        return (inner, shift.replace(round=shift.round + 1)), metrics, exchange
 
-    return wrapping(algorithm, init, round_, view=lambda state, data: view(data, state[1]))
+    def client_models(state, data):
+        viewed = view(data, state[1])
+        described = algorithm.client_models(state[0], viewed)
+        return described if described.data is not None else described._replace(data=viewed)
+
+    start = None
+    inner_start = algorithm.client_state and algorithm.client_state.start
+    if inner_start:  # the population start trains on the data as the clients first hold it
+        start = PopulationStart(
+            lambda data, key, hp, clients: inner_start.points(view(data, initial(data)), key,
+                                                              hp, clients),
+            lambda data, key, hp, source: (
+                inner_start.finish(view(data, initial(data)), key, hp, source),
+                jax.jit(initial)(data)))
+    return wrapping(algorithm, init, round_, participants, client_models, start)

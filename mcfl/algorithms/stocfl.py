@@ -31,11 +31,18 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.apfl import refuse_stateful
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import (
+    ClientModels,
+    ClientState,
+    FederatedAlgorithm,
+    refuse_stateful,
+    sampled,
+    stack,
+    training_metrics,
+)
 from mcfl.algorithms.clustered import flat_models
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.stored import ClientRows, sampled_each_round, with_client_rows
+from mcfl.algorithms.skeleton import aggregate, columns_mean_of, global_start, transformed
 from mcfl.clustering.distances import cosine_similarity
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
@@ -46,8 +53,6 @@ from mcfl.engine import (
     ceil_div,
     map_clients,
     occasional_cond,
-    segment_mean,
-    train_and_aggregate,
     train_and_collect,
 )
 from mcfl.engine.client_rows import full_gradient
@@ -122,12 +127,15 @@ def merged_roots(roots: jax.Array, directions: jax.Array, tau) -> jax.Array:
           "one by mu) and the global model; plain means")
 def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
     """StoCFL with at most K = ``context.num_clusters`` cluster models; a client's row is its
-    representation psi [d]."""
-    model, clients_per_round = context.model, context.clients_per_round
+    representation psi [d]. Its round is two trainings (each client's cluster model, then the
+    global model) and a merge, written here; a client's messages are its representation (sent
+    once), its cluster model's update and its global model's, each through the run's
+    transform."""
+    model = context.model
     num_slots = context.num_clusters
     refuse_stateful(model, "stocfl")
 
-    def init_shared(data, key, hp):
+    def init(data, key, hp):
         del hp
         global_key, anchor_key = jax.random.split(key)
         global_model = model.init(global_key)
@@ -171,16 +179,15 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         return jax.lax.fori_loop(0, new_roots.shape[0], give,
                                  (slot_of, used, jnp.zeros_like(used)))
 
-    sample = sampled_each_round(clients_per_round)
-
-    def round_(shared, psi, clients, data, key, hp):
+    def round_(shared, data, key, hp, exchange):
+        clients, psi = exchange.clients, exchange.rows
         train_key, global_key = jax.random.split(jax.random.split(key)[1])
         new = ~shared.observed[clients]
         psi = occasional_cond(
             jnp.any(new),
-            lambda: jnp.where(new[:, None], representations(
+            lambda: jnp.where(new[:, None], transformed(exchange, representations(
                 model.apply, data, shared.anchor, clients, hp.training.lr,
-                hp.params.observe_epochs), psi),
+                hp.params.observe_epochs, context.block_size)), psi),
             lambda: psi)
         old_roots = shared.cluster_of[clients]
         size = clients.shape[0]
@@ -205,20 +212,18 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         slot = slot_of[new_roots]
         index = (slot + 1).astype(jnp.int32)
         zeros = jnp.zeros((size,), jnp.int32)
-        trained, stats = train_and_collect(
+        trained, stats, exchange = train_and_collect(
             hp.training.replace(mu=hp.params.mu), data, train_key, start,
-            RoundClients(clients, index, anchor_index=zeros))
+            RoundClients(clients, index, anchor_index=zeros), exchange=exchange,
+            block_size=context.block_size)
         ones = jnp.ones((size,), jnp.float32)
-        sums, weight_sums, _, global_stats = train_and_aggregate(
-            hp.training, data, global_key, stack(shared.global_model),
-            RoundClients(clients, zeros), ones, zeros, 1)
-        global_model = jax.tree.map(lambda m: m[0], segment_mean(
-            sums, weight_sums, stack(shared.global_model)))
+        summed, exchange = aggregate(
+            context, global_start(shared.global_model, clients, ones, hp.training), data,
+            global_key, hp, exchange)
+        global_stats = summed.stats
+        global_model = jax.tree.map(lambda m: m[0], summed.mean(stack(shared.global_model)))
         members = jax.nn.one_hot(jnp.where(slot >= 0, slot, num_slots), num_slots)  # [S, K]
-        count = jnp.sum(members, axis=0)
-        averaged = jax.tree.map(
-            lambda t: jnp.tensordot(members.T / jnp.maximum(count, 1)[:, None], t, axes=1),
-            trained)
+        averaged, count, exchange = columns_mean_of(trained, members, 1, exchange)
         slots = jax.tree.map(lambda a, s: jnp.where(
             (count > 0).reshape((-1,) + (1,) * (s.ndim - 1)), a, s), averaged, slots)
         metrics = training_metrics(ones, stats)
@@ -229,7 +234,7 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["clients_alone"] = jnp.sum(merged_sizes[cluster_of] <= 1).astype(jnp.float32)
         new_shared = StoCFLShared(global_model, shared.anchor, slots, used, cluster_of,
                                   shared.observed.at[clients].set(True), slot_of)
-        return new_shared, psi, metrics
+        return new_shared, metrics, exchange.replace(rows=psi)
 
     def models(shared, psi, clients):
         del psi
@@ -239,14 +244,15 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
                                    s[jnp.maximum(slot, 0)], g[None]),
             shared.global_model, shared.slots)
 
-    def cluster_models(shared):
-        """[1 + K] the global model and the slots, and each client's (its slot + 1; 0: the
-        global model): what the closing embedding trains each client from."""
+    def client_models(shared, data):
+        """Models from the rows; the closing embedding trains each client from [1 + K] the
+        global model and the slots, its own being its slot + 1 (0: the global model)."""
+        del data
         models = jax.tree.map(lambda g, s: jnp.concatenate([g[None], s]), shared.global_model,
                               shared.slots)
-        return models, (shared.slot_of[shared.cluster_of] + 1).astype(jnp.int32)
+        index = (shared.slot_of[shared.cluster_of] + 1).astype(jnp.int32)
+        return ClientModels(train_from=(models, index))
 
-    return with_client_rows(
-        "stocfl", ClientRows(init_shared, fresh, sample, round_, models), context.store_dtype,
-        assignments=lambda shared: shared.slot_of[shared.cluster_of],
-        trainable_models=cluster_models)
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
+                              lambda shared: shared.slot_of[shared.cluster_of],
+                              ClientState(fresh, models, context.store_dtype))

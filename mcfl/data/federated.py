@@ -31,9 +31,6 @@ class FederatedData(flax.struct.PyTreeNode):
     the order is the identity; a distribution shift (`mcfl.algorithms.shift`) moves rows
     between clients by changing owners, offsets, counts, order and label counts, never the row
     arrays, and sets ``owners_changed`` (a bool scalar) in the round it does.
-    ``round_clients`` [S] int32 holds the clients a schedule chose for this round
-    (`mcfl.algorithms.schedule`); it is empty as built, and the algorithms then sample their
-    own (`mcfl.sampling.round_clients`).
     """
 
     x_train: jax.Array
@@ -50,7 +47,6 @@ class FederatedData(flax.struct.PyTreeNode):
     test_order: jax.Array
     train_label_counts: jax.Array
     owners_changed: jax.Array
-    round_clients: jax.Array
     num_classes: int = flax.struct.field(pytree_node=False)
     min_train_count: int = flax.struct.field(pytree_node=False)
     # An upper bound on any client's training rows (static: it sizes the low-rank buffers).
@@ -283,7 +279,6 @@ def from_splits(
             otr * num_classes + np.asarray(ytr, np.int64), minlength=num_clients * num_classes
         ).reshape(num_clients, num_classes), jnp.int32),
         owners_changed=jnp.zeros((), bool),
-        round_clients=jnp.zeros((0,), jnp.int32),
         num_classes=int(num_classes),
         min_train_count=int(ctr.min()),
         max_train_count=int(ctr.max()),

@@ -33,7 +33,6 @@ from mcfl.engine.blocks import (
     map_blocks,
     map_clients,
     occasional_cond,
-    planned_block_size,
     reduce_blocks,
     reduce_clients,
 )
@@ -46,8 +45,12 @@ from mcfl.engine.client_rows import (
     sums_over_client_rows,
 )
 from mcfl.engine.clients import (
+    WHOLE,
+    Part,
     RoundClients,
     low_rank_capacity,
+    part_at,
+    server_part,
     train_and_aggregate,
     train_and_collect,
 )
@@ -69,6 +72,8 @@ from mcfl.engine.training import (
 __all__ = [
     "CLIENT_AXIS",
     "CLIENT_ROWS_CHUNK",
+    "WHOLE",
+    "Part",
     "ApplyFn",
     "BlockSums",
     "ClientStats",
@@ -97,11 +102,12 @@ __all__ = [
     "map_clients",
     "masked_cross_entropy",
     "occasional_cond",
-    "planned_block_size",
+    "part_at",
     "reduce_blocks",
     "reduce_clients",
     "segment_mean",
     "segment_sums",
+    "server_part",
     "squared_distance",
     "train_and_aggregate",
     "train_and_collect",

@@ -7,18 +7,15 @@ block of client outputs (plus the outputs asked for). Under a client mesh
 (`client_mesh`, `jax.set_mesh`) the blocks are dealt over its devices.
 
 How many clients a block holds is the execution plan's choice (`mcfl.plan`), not the
-algorithm's: a program is traced under ``planned_block_size(n)`` (as it is under its mesh) and
-the round primitives read it then; outside a plan they apply `default_block_size` to the
-models and clients at hand. Being read at trace time, a function jitted and traced once keeps
-the size it was traced with. The block size changes speed and memory, not what is computed
-(to float rounding: tests/test_sharding.py).
+algorithm's: it reaches the round primitives as their `block_size` argument (an algorithm has it
+from its `AlgorithmContext`); where none is given, `default_block_size` applies to the models
+and clients at hand. The block size changes speed and memory, not what is computed (to float
+rounding: tests/test_sharding.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple, Optional
 
 import jax
@@ -29,29 +26,11 @@ from mcfl.engine.training import PyTree
 
 CLIENT_AXIS = "clients"
 
-_PLANNED_BLOCK_SIZE: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar(
-    "mcfl_planned_block_size", default=None)
-
-
-@contextlib.contextmanager
-def planned_block_size(size: Optional[int]) -> Iterator[None]:
-    """Within: the round primitives (training, gradients, losses) of programs traced here run
-    in blocks of `size` clients (None: `default_block_size`)."""
-    token = _PLANNED_BLOCK_SIZE.set(size)
-    try:
-        yield
-    finally:
-        _PLANNED_BLOCK_SIZE.reset(token)
-
-
 def block_size_for(models: PyTree, num_clients: int, explicit: Optional[int] = None) -> int:
     """The block size of round work on `num_clients` clients with stacked `models` [M, ...]:
-    `explicit` if given, else the plan's (`planned_block_size`), else `default_block_size`."""
+    `explicit` if given, else `default_block_size` for their size."""
     if explicit is not None:
         return explicit
-    planned = _PLANNED_BLOCK_SIZE.get()
-    if planned is not None:
-        return planned
     leaves = jax.tree.leaves(models)
     num_params = sum(leaf.size // leaf.shape[0] for leaf in leaves)
     return default_block_size(num_params, num_clients)

@@ -61,7 +61,30 @@ class RoundClients(NamedTuple):
     steps: Optional[jax.Array] = None
 
 
-def _training_inputs(training, data, selection, weights, segments, prox_scale):
+class Part(NamedTuple):
+    """The part of a client's trained tree it sends (its message), and how to put a part back:
+    the whole tree by default; FedPer's shared layers, APFL's global model, FedEM's components
+    otherwise."""
+
+    get: Callable[[PyTree], PyTree]
+    put: Callable[[PyTree, PyTree], PyTree]
+
+
+WHOLE = Part(lambda tree: tree, lambda tree, part: part)
+
+
+def part_at(key: str) -> Part:
+    """The entry `key` of a dict-shaped client tree."""
+    return Part(lambda tree: tree[key], lambda tree, part: {**tree, key: part})
+
+
+def _own_positions(exchange, clients: jax.Array):
+    """Each client's position among the round's participants [S] and whether it is one."""
+    same = clients[:, None] == exchange.clients[None, :]
+    return jnp.argmax(same, axis=1).astype(jnp.int32), jnp.any(same, axis=1)
+
+
+def _training_inputs(training, data, selection, weights, segments, prox_scale, exchange):
     """The round's per-client inputs ([S] each, in selection order)."""
     steps = client_num_steps(data.train_counts[selection.clients], training)
     if selection.steps is not None:  # never above the training's count (the factored
@@ -82,18 +105,34 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale):
         inputs["correction"] = selection.correction
     if selection.anchor_index is not None:
         inputs["anchor"] = selection.anchor_index
+    if _has_norm_layers(exchange):
+        inputs["own"], inputs["is_own"] = _own_positions(exchange, selection.clients)
     return inputs
 
 
-def _training_block_fn(training, data, key, start_models, assign=None, capacity=None,
-                       align=None):
+def _has_norm_layers(exchange) -> bool:
+    return exchange is not None and exchange.norm_layers is not None
+
+
+def _start_of(start_models, exchange, inp, collections):
+    """The model a client starts from: its row of `start_models`, with its own normalisation
+    layers (FedBN) when it is one of the round's participants."""
+    start = jax.tree.map(lambda m: m[inp["start"]], start_models)
+    if "own" not in inp:
+        return start
+    own = jax.tree.map(lambda m: m[inp["own"]], exchange.norm_layers)
+    kept = local_part(start, collections)
+    return with_local_part(start, jax.tree.map(lambda o, k: jnp.where(inp["is_own"], o, k),
+                                               own, kept))
+
+
+def _training_block_fn(training, data, key, start_models, exchange, capacity=None):
     """Per-client training of a block (vmapped; unbatched for a block of one); with a
-    `capacity`, the model's large layer is kept factored (`local_train_factored`)."""
+    `capacity`, the model's large layer is kept factored (`local_train_factored`). Returns the
+    trained models [b, ...], their stats [b] and, with FedBN, their trained normalisation
+    layers [b]."""
     def one_client(inp, loop_length, alone):
-        start = jax.tree.map(lambda m: m[inp["start"]], start_models)
-        if training.client_state is not None:  # FedBN: the client's own norm layers
-            start = with_local_part(
-                start, jax.tree.map(lambda m: m[inp["client"]], training.client_state))
+        start = _start_of(start_models, exchange, inp, training.collections)
         anchor = start
         if "anchor" in inp:
             anchor = jax.tree.map(lambda m: m[inp["anchor"]], start_models)
@@ -113,22 +152,11 @@ def _training_block_fn(training, data, key, start_models, assign=None, capacity=
             update_norm=jnp.sqrt(squared_distance(trained, start)),
             sq_norm=sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(trained)),
         )
-        if training.client_state is not None:
-            stats = stats._replace(client=inp["client"],
-                                   local=local_part(trained, training.collections))
-        return trained, stats
+        own = (local_part(trained, training.collections) if "own" in inp else None)
+        return trained, (stats, own)
 
     # blocks of one: the CNN's case, 23% faster
-    train_block = by_length(one_client, "steps", steps_key(training))
-
-    def block_fn(block):
-        trained, stats = train_block(block)
-        segment = block["segment"] if assign is None else assign(trained)
-        if align is not None:
-            trained = align(trained, segment)
-        return trained, segment, stats
-
-    return block_fn
+    return by_length(one_client, "steps", steps_key(training))
 
 
 def low_rank_capacity(training: LocalTraining, data: FederatedData,
@@ -160,10 +188,10 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     return max(int(capacity), 1)
 
 
-def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_in_block,
-                       align=None):
-    """`_training_block_fn` on the factored path. With one start model, one segment and no
-    `assign`, the block returns its weighted sum directly and never forms per-client models."""
+def _low_rank_block_fn(training, data, key, start_models, capacity, sum_in_block):
+    """The block's training on the factored path: trained models [b, ...] and stats [b]; with
+    `sum_in_block` (one start model, summed into one segment, nothing to do per client), the
+    block's weighted sum directly (`BlockSums`), never forming per-client models."""
     layers = training.dense_layers
     shared = jax.tree.leaves(start_models)[0].shape[0] == 1
     start = jax.tree.map(lambda m: m[0], start_models) if shared else start_models
@@ -193,32 +221,76 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, assign, sum_
             update_norm=update_norm,
             sq_norm=sq_norm,
         )
-        if sum_in_block and shared and assign is None and align is None:
+        if sum_in_block and shared:
             summed = lowrank.weighted_sum(start, layers, result, block["weight"])
-            return BlockSums(jax.tree.map(lambda x: x[None], summed)), block["segment"], stats
-        trained = lowrank.materialize(start, layers, shared, block["start"], result)
-        segment = block["segment"] if assign is None else assign(trained)
-        if align is not None:
-            trained = align(trained, segment)
-        return trained, segment, stats
+            return BlockSums(jax.tree.map(lambda x: x[None], summed)), (stats, None)
+        return lowrank.materialize(start, layers, shared, block["start"], result), (stats, None)
 
     return block_fn
 
 
+def _message_fn(exchange, start_models, sent: Optional[Part], collections):
+    """``(trained [b], block) -> trained [b]`` with each client's message (`sent`'s part of
+    its update, trained minus start) through the exchange's transform (stage (d)), or None
+    when there is nothing to transform (no exchange, nothing sent, or a transform without a
+    client part)."""
+    if exchange is None or sent is None or exchange.transform.client is None:
+        return None
+    transform, state = exchange.transform, exchange.transform_state
+
+    def apply(trained, block):
+        def one(t, inp):
+            start = _start_of(start_models, exchange, inp, collections)
+            base = sent.get(start)
+            message = jax.tree.map(jnp.subtract, sent.get(t), base)
+            message = transform.client(message, state)
+            return sent.put(t, jax.tree.map(lambda b, m: (b + m).astype(b.dtype), base,
+                                            message))
+
+        return jax.vmap(one)(trained, block)
+
+    return apply
+
+
 def _prepare_training(training, data, key, start_models, selection, weights, segments,
-                      prox_scale, assign, sum_in_block=False, align=None):
+                      prox_scale, assign, exchange, sent=WHOLE, sum_in_block=False, align=None):
     """The clients' inputs and the block function, shared by the collecting and the reducing
-    entry points. Clients with gradient corrections or their own anchors train on the
-    per-client path."""
-    inputs = _training_inputs(training, data, selection, weights, segments, prox_scale)
+    entry points: train (stage (c)), the message transform (stage (d)), then the segment
+    (`assign`, decided on the messages: FeSEM's E-step) and `align`. Clients with gradient
+    corrections or their own anchors train on the per-client path."""
+    inputs = _training_inputs(training, data, selection, weights, segments, prox_scale,
+                              exchange)
     per_client = selection.correction is not None or selection.anchor_index is not None
     capacity = None if per_client else low_rank_capacity(training, data, start_models)
+    messages = _message_fn(exchange, start_models, sent, training.collections)
     if capacity is None or training.dense_layers is None:
-        block_fn = _training_block_fn(training, data, key, start_models, assign, capacity, align)
+        train_block = _training_block_fn(training, data, key, start_models, exchange, capacity)
     else:
-        block_fn = _low_rank_block_fn(training, data, key, start_models, capacity, assign,
-                                      sum_in_block, align)
+        summed = sum_in_block and messages is None and assign is None and align is None
+        train_block = _low_rank_block_fn(training, data, key, start_models, capacity, summed)
+
+    def block_fn(block):
+        trained, (stats, own) = train_block(block)
+        if isinstance(trained, BlockSums):
+            return trained, block["segment"], (stats, own)
+        if messages is not None:
+            trained = messages(trained, block)
+        segment = block["segment"] if assign is None else assign(trained)
+        if align is not None:
+            trained = align(trained, segment)
+        return trained, segment, (stats, own)
+
     return inputs, block_fn
+
+
+def _returned_norm_layers(exchange, inputs, own):
+    """The exchange with the trained clients' own layers written back (FedBN)."""
+    if own is None:
+        return exchange
+    position = jnp.where(inputs["is_own"], inputs["own"], exchange.clients.shape[0])
+    layers = jax.tree.map(lambda rows, new: rows.at[position].set(new, mode="drop"),
+                          exchange.norm_layers, own)
+    return exchange.replace(norm_layers=layers, norm_trained=True)
 
 
 def train_and_collect(
@@ -230,29 +302,39 @@ def train_and_collect(
     prox_scale: jax.Array | float = 1.0,
     features: Optional[Callable[[PyTree], jax.Array]] = None,
     *,
+    exchange=None,
+    sent: Optional[Part] = WHOLE,
     block_size: Optional[int] = None,
-) -> tuple[PyTree, ClientStats]:
+) -> tuple[PyTree, ClientStats, object]:
     """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
-    anchor), and return their trained models stacked [S, ...] in selection order; with
-    `features` (a block of models [b, ...] -> [b, f]), each block's features instead, so that
-    the models of all S clients are never held at once (FeSEM's and Robust's start: the
-    clients' flattened models, [S, d]). Blocks of `block_size` clients (default: the plan's,
-    `blocks.block_size_for`)."""
+    anchor), and return their trained models stacked [S, ...] in selection order, their stats
+    and the exchange; with `features` (a block of models [b, ...] -> [b, f]), each block's
+    features instead, so that the models of all S clients are never held at once (FeSEM's and
+    Robust's start: the clients' flattened models, [S, d]). Blocks of `block_size` clients
+    (default: `blocks.block_size_for`).
+
+    With an `exchange` (`mcfl.algorithms.base.Exchange`), the clients that are the round's
+    participants start from their own normalisation layers (FedBN) and the trained ones are
+    returned in it, and each client's message, the `sent` part of its update, goes through
+    the exchange's transform: the returned models carry the transformed part (start +
+    transformed update). ``sent=None``: the clients keep what they trained and send none of it
+    (Local, Ditto's personal models): their own normalisation layers, no transform. Without an
+    exchange (outside a round), neither."""
     size = selection.clients.shape[0]
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, jnp.zeros(size),
-        jnp.zeros(size, jnp.int32), prox_scale, None,
+        jnp.zeros(size, jnp.int32), prox_scale, None, exchange, sent,
     )
     if features is not None:
         train_block = block_fn
 
         def block_fn(block):
-            trained, segment, stats = train_block(block)
-            return features(trained), segment, stats
+            trained, segment, aux = train_block(block)
+            return features(trained), segment, aux
 
     block_size = block_size_for(start_models, size, block_size)
-    models, _, stats = map_clients(block_fn, inputs, inputs["steps"], block_size)
-    return models, stats
+    models, _, (stats, own) = map_clients(block_fn, inputs, inputs["steps"], block_size)
+    return models, stats, _returned_norm_layers(exchange, inputs, own)
 
 
 def train_and_aggregate(
@@ -268,24 +350,41 @@ def train_and_aggregate(
     assign: Optional[Callable[[PyTree], jax.Array]] = None,
     align: Optional[Callable[[PyTree, jax.Array], PyTree]] = None,
     *,
+    exchange=None,
     block_size: Optional[int] = None,
-) -> tuple[PyTree, jax.Array, jax.Array, ClientStats]:
-    """Train the selected clients and return weighted per-segment sums of their models
-    ([K, ...]), the per-segment weight sums [K], each client's segment [S] and per-client stats
-    [S], in selection order. Client models are never all alive at once: only one block of them.
+) -> tuple[PyTree, jax.Array, jax.Array, ClientStats, object]:
+    """Train the selected clients (stage (c)), pass each one's message through the exchange's
+    transform (stage (d)) and return weighted per-segment sums of their models ([K, ...],
+    stage (e), with the transform's server part applied), the per-segment weight sums [K],
+    each client's segment [S], per-client stats [S] (in selection order) and the exchange.
+    Client models are never all alive at once: only one block of them.
 
-    A client's segment is ``segments[i]``, or, with `assign`, ``assign(trained_block)`` computed
-    after training (FeSEM's E-step on the freshly trained models). With `align`, the block's
-    models are replaced by ``align(trained_block, segment)`` before they are summed (FeSEM-MA's
-    matched averaging). Blocks as in `train_and_collect`.
+    A client's segment is ``segments[i]``, or, with `assign`, ``assign(message_block)``
+    computed after training (FeSEM's E-step on the freshly trained models). With `align`, the
+    block's models are replaced by ``align(trained_block, segment)`` before they are summed
+    (FeSEM-MA's matched averaging). Blocks and the exchange as in `train_and_collect`.
     """
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, weights, segments, prox_scale, assign,
-        sum_in_block=num_segments == 1, align=align,
+        exchange, sum_in_block=num_segments == 1, align=align,
     )
     like = jax.tree.map(lambda m: m[0], start_models)
     block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
-    sums, weight_sums, (segment, stats) = reduce_clients(
+    sums, weight_sums, (segment, (stats, own)) = reduce_clients(
         block_fn, inputs, inputs["steps"], block_size, num_segments, like
     )
-    return sums, weight_sums, segment, stats
+    exchange = _returned_norm_layers(exchange, inputs, own)
+    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums)
+    return sums, weight_sums, segment, stats, exchange
+
+
+def server_part(exchange, sums: PyTree, weight_sums: jax.Array):
+    """Stage (e)'s end: the aggregated messages (weighted per-segment sums [K, ...] and their
+    weights [K]) through the exchange's transform's server part, which may update its state;
+    as they are when it has none."""
+    if exchange is None or exchange.transform.server is None:
+        return sums, weight_sums, exchange
+    key, own = jax.random.split(exchange.key)
+    sums, weight_sums, state = exchange.transform.server(sums, weight_sums,
+                                                         exchange.transform_state, own)
+    return sums, weight_sums, exchange.replace(transform_state=state, key=key)

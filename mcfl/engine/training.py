@@ -79,10 +79,6 @@ class LocalTraining(flax.struct.PyTreeNode):
     # train the model's "params" only.
     train_apply: Optional[Callable] = flax.struct.field(pytree_node=False, default=None)
     collections: tuple[str, ...] = flax.struct.field(pytree_node=False, default=())
-    # FedBN (`--bn local`): every client's own normalisation layers, a flat dict path -> [C,
-    # ...] (`mcfl.models.spec.local_part`), put into its start model before it trains; None:
-    # the start model as it is.
-    client_state: Any = None
     # An algorithm's own local objective in place of the cross-entropy of `apply_fn`:
     # (params, x [B, ...], y [B], mask [B]) -> (objective, reported loss), where params is
     # whatever the clients train (APFL's (w, v, alpha), pFedMe's (w, theta)); the optimizer and
@@ -126,10 +122,6 @@ class ClientStats(NamedTuple):
     steps: jax.Array  # local steps actually taken
     update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
     sq_norm: jax.Array  # ||W_i(after)||^2, for intra-cluster distances of streamed M-steps
-    # With `LocalTraining.client_state` (FedBN): the client ids and their trained local parts.
-    client: Any = None
-    local: Any = None
-
 
 
 def ceil_div(a, b):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from mcfl import distributed
-from mcfl.algorithms import context_of, get, hyperparams
+from mcfl.algorithms import hyperparams
 from mcfl.config import RunConfig
 from mcfl.errors import ConfigError
 from mcfl.program import RoundProgram, round_program
@@ -33,17 +33,16 @@ def announce(choice: StoreChoice) -> None:
 
 def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
                 jit_options: Optional[dict] = None, members: bool = False, traced=(),
-                member_count: int = 1, mesh=None, width=None
+                member_count: int = 1, mesh=None, width=None, transform=None
                 ) -> tuple[RoundProgram, StoreChoice]:
     """The program of `config` with the client store it asks for (a disk store in
     ``run_dir/client_store``, or without a run folder a temporary folder the program removes
-    when closed), and the store chosen."""
-    device = round_program(config, plan, data, traced, members, mesh, width, jit_options)
-    stateful = get(config.algorithm).build(context_of(config, plan.model,
-                                                      plan.clients_per_round))
-    stateful_name = config.algorithm if stateful.client_rows is not None else ""
-    choice = choose_store(config.client_store, device.algorithm,
-                          hyperparams(config, plan.model), data, member_count, stateful_name)
+    when closed), and the store chosen. `transform`: the run's message transform."""
+    extra = () if transform is None else (transform,)
+    device = round_program(config, plan, data, traced, members, mesh, width, jit_options,
+                           *extra)
+    choice = choose_store(config.client_store, device.algorithm, config.algorithm,
+                          hyperparams(config, plan.model), data, member_count)
     if choice.kind == "device":
         return device, choice
     if distributed.process_count() > 1:
@@ -56,6 +55,6 @@ def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
         choice = choice._replace(reason=f"{choice.reason}; its rounds run one at a time "
                                  f"(scan_rounds needs the client state on the device)")
     program = StoredProgram(config, plan, choice.kind, folder, traced, members, mesh, width,
-                            jit_options)
+                            jit_options, transform)
     program.temporary = temporary
     return program, choice

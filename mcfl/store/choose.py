@@ -18,7 +18,6 @@ import numpy as np
 
 from mcfl import memory
 from mcfl.algorithms.stored import to_storage
-from mcfl.errors import ConfigError
 
 # The share of free memory stored rows may take on the device or the host.
 FIT_SHARE = 0.5
@@ -30,40 +29,35 @@ class StoreChoice(NamedTuple):
     stored_bytes: int  # what the store holds (0: nothing per client)
 
 
-def stored_bytes(algorithm, hp, data, members: int) -> tuple[int, str]:
-    """Bytes of what `algorithm` keeps per client over the population, and what it is."""
+def stored_bytes(algorithm, name: str, hp, data, members: int) -> tuple[int, str]:
+    """Bytes of what `algorithm` (registered as `name`) keeps per client over the population,
+    and what it is."""
     num_clients = int(data.num_clients)
     one = jax.ShapeDtypeStruct((1,), jnp.int32)
-    if algorithm.client_rows is not None:
-        rows = algorithm.client_rows
-        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-        shared = jax.eval_shape(lambda k: rows.init_shared(data, k, hp), key)
-        row = jax.eval_shape(lambda s: to_storage(rows.fresh(s, jnp.zeros((1,), jnp.int32)),
-                                                  algorithm.store_dtype), shared)
+    client_state = algorithm.client_state
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    if algorithm.rows:
+        state = jax.eval_shape(lambda k: algorithm.init(data, k, hp), key)
+        row = jax.eval_shape(lambda s: to_storage(client_state.fresh(
+            s, jnp.zeros((1,), jnp.int32)), client_state.dtype), state)
         per_client = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(row))
-        what = f"{algorithm.name}'s per-client state"
-    elif algorithm.population_start is not None:
-        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-        points = jax.eval_shape(lambda k, c: algorithm.population_start.points(data, k, hp, c),
-                                key, one)
-        per_client = (2 if algorithm.store_dtype == "bfloat16" else 4) * int(points.shape[1])
-        what = f"{algorithm.name}'s start (every client's trained model)"
+        what = f"{name}'s per-client state"
+    elif client_state is not None and client_state.start is not None:
+        points = jax.eval_shape(lambda k, c: client_state.start.points(data, k, hp, c), key, one)
+        per_client = (2 if client_state.dtype == "bfloat16" else 4) * int(points.shape[1])
+        what = f"{name}'s start (every client's trained model)"
     else:
-        return 0, f"{algorithm.name} keeps nothing per client"
+        return 0, f"{name} keeps nothing per client"
     return per_client * num_clients * members, what
 
 
-def choose_store(setting: str, algorithm, hp, data, members: int = 1,
-                 stateful_name: str = "") -> StoreChoice:
-    """The store `setting` gives for `algorithm` on `data` (see the module docstring)."""
-    need, what = stored_bytes(algorithm, hp, data, members)
+def choose_store(setting: str, algorithm, name: str, hp, data,
+                 members: int = 1) -> StoreChoice:
+    """The store `setting` gives for `algorithm` (registered as `name`) on `data` (see the
+    module docstring)."""
+    need, what = stored_bytes(algorithm, name, hp, data, members)
     size = f"{what}: {need / 2**30:.2f} GiB"
     if need == 0:
-        if setting in ("host", "disk") and stateful_name:
-            raise ConfigError(
-                f"client_store={setting!r}: {stateful_name} with this run's wrappers (a "
-                f"distribution shift, a client schedule or bn=local) keeps its client state "
-                f"on the device; use client_store='device' or 'auto'")
         return StoreChoice("device", what, 0)
     if setting != "auto":
         return StoreChoice(setting, f"{size}, as asked", need)

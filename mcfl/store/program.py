@@ -1,13 +1,15 @@
 """The round program of a run whose clients' rows live in a host or disk store.
 
 `StoredProgram` answers what `mcfl.loop` and the runner ask of a `RoundProgram` (init, rounds,
-evaluate, compile, checkpoint), with the algorithm's shared state on the device and its client
-rows (`mcfl.algorithms.stored.ClientRows`) in the store. A round:
+evaluate, compile, checkpoint), with the algorithm's state on the device and its clients' rows
+(`mcfl.algorithms.base.ClientState`) in the store. A round:
 
-1. the round's clients come from its key (`ClientRows.sample`), before the round runs;
+1. the round's clients come from its key (`FederatedAlgorithm.participants`, given the state
+   as `init` left it: participants depend on nothing a round changes), before the round runs;
 2. their rows are gathered from the store (fetched already: see below), the never-trained
    ones made fresh on the device;
-3. the round runs on the device (`ClientRows.round`, the function the device store runs);
+3. the round runs on the device (the algorithm's round, with the rows in its `Exchange`, as
+   the device store runs it);
 4. the trained rows are written back by a writer thread while the next round computes.
 
 Round r + 1's clients are known from its key, so their rows are read by a reader thread while
@@ -35,13 +37,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.algorithms import hyperparams
+from mcfl.algorithms.device import DeviceState, exchange_for
 from mcfl.algorithms.stored import (
-    StoredState,
     evaluate_rows,
     evaluated_floats,
     evaluation_chunk,
-    stored_round,
     to_storage,
+    to_training,
     with_fresh,
 )
 from mcfl.config import RunConfig
@@ -58,13 +60,14 @@ class StoredProgram(RoundProgram):
     (None: host memory only, or for disk a temporary folder the caller provides)."""
 
     def __init__(self, config: RunConfig, plan: RunPlan, kind: str, folder: Optional[Path],
-                 traced=(), members: bool = False, mesh=None, width=None, jit_options=None):
+                 traced=(), members: bool = False, mesh=None, width=None, jit_options=None,
+                 transform=None):
         super().__init__(config.replace(scan_rounds=False), plan, traced, members, mesh, width,
-                         jit_options)
+                         jit_options, *(() if transform is None else (transform,)))
         self.kind, self.folder = kind, folder
         self.temporary = False  # the folder is the program's own, removed when it closes
-        algorithm = self.algorithm
-        self.rows_kept = algorithm.client_rows is not None  # else: a streamed start
+        algorithm, transform = self.algorithm, self.transform
+        self.rows_kept = algorithm.rows  # else: a streamed start
         self.store = None
         self.initial = None  # the shared state right after init (fresh rows come from it)
         self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="mcfl-store")
@@ -73,7 +76,8 @@ class StoredProgram(RoundProgram):
         self._last = None  # (clients [M, S], packed rows [M, S, B]) of the last round
         if not self.rows_kept:
             return
-        client_rows, dtype = algorithm.client_rows, algorithm.store_dtype
+        client_state = algorithm.client_state
+        dtype = client_state.dtype
         jit_options = jit_options or {}
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
                 else lambda fn, batched: fn)
@@ -82,49 +86,53 @@ class StoredProgram(RoundProgram):
             return hyperparams(config, plan.model, values)
 
         def init(values, init_key, data):
-            return client_rows.init_shared(data, init_key, hp(values))
+            return DeviceState(algorithm.init(data, init_key, hp(values)), None,
+                               transform.init())
 
-        def sample(rounds_key, data, r):
-            return client_rows.sample(data, jax.random.fold_in(rounds_key, r))
+        def sample(initial, rounds_key, data, r):
+            return algorithm.participants(initial, data, jax.random.fold_in(rounds_key, r), r)
 
         # Rows travel as bytes ([S, row_bytes] uint8, `RowLayout`), unpacked and packed inside
         # the programs: the host only reads and writes them.
-        def round_(values, shared, packed, written, clients, data, rounds_key, r, initial):
+        def round_(values, state, packed, written, clients, data, rounds_key, r, initial):
             stored = self.layout.unpack_device(packed)
-            rows = with_fresh(client_rows, dtype, initial, stored, written, clients)
-            like = client_rows.fresh(initial, clients[:1])
-            shared, rows, metrics = stored_round(
-                client_rows, dtype, shared, rows, clients, data,
-                jax.random.fold_in(rounds_key, r), hp(values), like)
-            return (shared, self.layout.pack_device(rows),
-                    jax.tree.map(lambda m: m[None], metrics))
+            rows = with_fresh(client_state, initial, stored, written, clients)
+            like = client_state.fresh(initial, clients[:1])
+            key = jax.random.fold_in(rounds_key, r)
+            exchange = exchange_for(algorithm, transform, state.algorithm, clients,
+                                    to_training(rows, like), state.transform, key)
+            shared, metrics, exchange = algorithm.round(state.algorithm, data, key, hp(values),
+                                                        exchange)
+            new = to_storage(exchange.rows, dtype)
+            return (DeviceState(shared, None, exchange.transform_state),
+                    self.layout.pack_device(new), jax.tree.map(lambda m: m[None], metrics))
 
-        evaluation_apply = algorithm.evaluation_apply or plan.model.apply
-
-        def evaluate_chunk(shared, packed, written, clients, data, initial):
-            return evaluate_rows(client_rows, dtype, evaluation_apply, plan.eval_block, shared,
+        def evaluate_chunk(state, packed, written, clients, data, initial):
+            described = algorithm.client_models(state.algorithm, data)
+            apply_fn = described.apply or plan.model.apply
+            data = data if described.data is None else described.data
+            return evaluate_rows(client_state, apply_fn, plan.eval_block, state.algorithm,
                                  initial, self.layout.unpack_device(packed), written, clients,
                                  data)
 
-        def assignments(shared):
-            return algorithm.assignments(type(self).wrapped_state(shared))
+        def assignments(state):
+            return algorithm.assignments(state.algorithm)
+
+        def test_counts(state, data):
+            """The clients' test rows as they hold them now (a shift moves them)."""
+            described = algorithm.client_models(state.algorithm, data)
+            return (data if described.data is None else described.data).test_counts
 
         self._init = jax.jit(lift(init, (True, True, False)), **jit_options)
-        self._sample = jax.jit(lift(sample, (True, False, False)), **jit_options)
+        self._sample = jax.jit(lift(sample, (True, True, False, False)), **jit_options)
         self._round = jax.jit(lift(round_, (True, True, True, True, True, False, True, False,
                                             True)), **jit_options)
         self._evaluate_chunk = jax.jit(lift(evaluate_chunk, (True, True, True, False, False,
                                                              True)), **jit_options)
         self._assignments = (jax.jit(lift(assignments, (True,)), **jit_options)
                              if self.clustered else None)
+        self._test_counts = jax.jit(lift(test_counts, (True, False)), **jit_options)
 
-    @staticmethod
-    def wrapped_state(shared):
-        return StoredState(shared, None)
-
-    def algorithm_state(self, state):
-        """A store keeps the shared part of the state (the rows are in the store)."""
-        return self.wrapped_state(state) if self.rows_kept else state
 
     # ---- the member axis: the store always has one, a single run's arrays get it here
     def _with_members(self, x):
@@ -142,18 +150,18 @@ class StoredProgram(RoundProgram):
         if not self.rows_kept:
             return super().compile_rounds(values, state, rounds_keys, data)
         self.num_clients = int(data.num_clients)
-        initial = self.initial if self.initial is not None else state
+        initial = self.initial if self.initial is not None else state.algorithm
         self.layout = self._layout(initial)
         self.evaluated_floats = self._evaluated_floats(initial)
         first = jnp.asarray(1, jnp.int32)
-        clients = jax.eval_shape(self._sample, rounds_keys, data, first)
+        clients = jax.eval_shape(self._sample, initial, rounds_keys, data, first)
         stored = self._packed_like(clients.shape)
         written = jax.ShapeDtypeStruct(clients.shape, jnp.bool_)
         chunk = self._eval_chunk()
         chunk_clients = jax.ShapeDtypeStruct((chunk,), jnp.int32)
         member = clients.shape[:-1]
         programs = {
-            "sample": (self._sample, (rounds_keys, data, first)),
+            "sample": (self._sample, (initial, rounds_keys, data, first)),
             "round": (self._round, (values, state, stored, written, clients, data,
                                     rounds_keys, first, initial)),
             "evaluate": (self._evaluate_chunk, (state, self._packed_like(member + (chunk,)),
@@ -163,6 +171,7 @@ class StoredProgram(RoundProgram):
         }
         if self._assignments is not None:
             programs["assignments"] = (self._assignments, (state,))
+        programs["test_counts"] = (self._test_counts, (state, data))
         self._lower_and_compile(programs)
         return None
 
@@ -170,20 +179,20 @@ class StoredProgram(RoundProgram):
         """Abstract packed rows [*shape, row_bytes]."""
         return jax.ShapeDtypeStruct(tuple(shape) + (self.layout.row_bytes,), jnp.uint8)
 
-    def _layout(self, shared) -> RowLayout:
-        """The layout of one client's stored row, for a shared state like `shared`."""
-        client_rows, dtype = self.algorithm.client_rows, self.algorithm.store_dtype
-        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shared)
-               if self.members else shared)
-        row = jax.eval_shape(lambda s: to_storage(client_rows.fresh(
-            s, jnp.zeros((1,), jnp.int32)), dtype), one)
+    def _layout(self, initial) -> RowLayout:
+        """The layout of one client's stored row, for an algorithm state like `initial`."""
+        client_state = self.algorithm.client_state
+        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), initial)
+               if self.members else initial)
+        row = jax.eval_shape(lambda s: to_storage(client_state.fresh(
+            s, jnp.zeros((1,), jnp.int32)), client_state.dtype), one)
         return RowLayout.of(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                                          row))
 
-    def _evaluated_floats(self, shared) -> int:
-        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), shared)
-               if self.members else shared)
-        return evaluated_floats(self.algorithm.client_rows, one)
+    def _evaluated_floats(self, initial) -> int:
+        one = (jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), initial)
+               if self.members else initial)
+        return evaluated_floats(self.algorithm.client_state, one)
 
     def _eval_chunk(self) -> int:
         return evaluation_chunk(self.num_clients, self.evaluated_floats)
@@ -195,14 +204,14 @@ class StoredProgram(RoundProgram):
         if not self.rows_kept:
             self.store = None
             return streamed_start(self, values, init_keys, data, members)
-        shared = jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
-        self.initial = shared
-        self.layout = self._layout(shared)
-        self.evaluated_floats = self._evaluated_floats(shared)
+        state = jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
+        self.initial = state.algorithm
+        self.layout = self._layout(self.initial)
+        self.evaluated_floats = self._evaluated_floats(self.initial)
         self.close()
         self.store = make_store(self.kind, members, self.num_clients, self.layout.row_bytes,
                                 self.folder)
-        return shared
+        return state
 
     @property
     def start_streamed(self) -> bool:
@@ -243,7 +252,8 @@ class StoredProgram(RoundProgram):
         return state, jax.device_get(metrics)
 
     def _round_clients(self, r: int, rounds_keys, data) -> np.ndarray:
-        clients = self._compiled["sample"][1](rounds_keys, data, jnp.asarray(r, jnp.int32))
+        clients = self._compiled["sample"][1](self.initial, rounds_keys, data,
+                                              jnp.asarray(r, jnp.int32))
         return self._with_members(np.asarray(jax.device_get(clients), np.int64))
 
     def _gather_round(self, r: int, rounds_keys, data):
@@ -279,7 +289,6 @@ class StoredProgram(RoundProgram):
             return super().evaluate(values, state, data)
         self.wait_writes()
         chunk, c = self._eval_chunk(), self.num_clients
-        members = self.store.members
         parts = []
         reading = self._pool.submit(self._read_chunk, 0, chunk)
         for lo in range(0, c, chunk):
@@ -297,9 +306,7 @@ class StoredProgram(RoundProgram):
             np.arange(c), axis=axis), *parts)
         assigned = (self._compiled["assignments"][1](state) if self._assignments is not None
                     else None)
-        test_counts = np.asarray(data.test_counts)
-        if self.members:
-            test_counts = np.broadcast_to(test_counts, (members,) + test_counts.shape)
+        test_counts = np.asarray(jax.device_get(self._compiled["test_counts"][1](state, data)))
         return EvalCounts(*counts), test_counts, jax.device_get(assigned)
 
     def _read_chunk(self, lo: int, chunk: int):

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import engine
 from mcfl.algorithms import hyperparams
+from mcfl.algorithms.device import DeviceState
 from mcfl.algorithms.stored import to_storage
 from mcfl.store.stores import make_store
 
@@ -74,8 +74,10 @@ class StoreSource:
 
 def streamed_start(program, values, init_keys, data, members: int):
     """The initial state of `program`'s algorithm (its `PopulationStart`) for each member,
-    with the clients' features in a `program.kind` store; stacked [M] when `program.members`."""
-    start = program.algorithm.population_start
+    with the clients' features in a `program.kind` store, as the run's `DeviceState`; stacked
+    [M] when `program.members`."""
+    client_state = program.algorithm.client_state
+    start = client_state.start
     config, plan = program.config, program.plan
     num_clients = int(data.num_clients)
     keys = init_keys if program.members else init_keys[None]
@@ -85,12 +87,11 @@ def streamed_start(program, values, init_keys, data, members: int):
 
     def points(values_m, key, data, clients):  # (in the store's dtype)
         return to_storage(start.points(data, key, hyperparams(config, plan.model, values_m),
-                                       clients), program.algorithm.store_dtype)
+                                       clients), client_state.dtype)
 
     points_fn = jax.jit(points)
-    with engine.planned_block_size(plan.train_block):  # as the in-memory start is traced
-        return _train_and_cluster(program, start, points_fn, member_values, keys, data,
-                                  members, num_clients)
+    return _train_and_cluster(program, start, points_fn, member_values, keys, data, members,
+                              num_clients)
 
 
 def _train_and_cluster(program, start, points_fn, member_values, keys, data, members: int,
@@ -111,9 +112,10 @@ def _train_and_cluster(program, start, points_fn, member_values, keys, data, mem
             kept = min(chunk, num_clients - lo)
             store.scatter(np.broadcast_to(clients[:kept], (members, kept)).copy(),
                           rows[:, :kept].view(np.uint8), 1)
-        states = [start.finish(data, keys[m],
-                               hyperparams(config, plan.model, member_values(m)),
-                               StoreSource(store, m, width, chunk, dtype))
+        states = [DeviceState(start.finish(data, keys[m],
+                                           hyperparams(config, plan.model, member_values(m)),
+                                           StoreSource(store, m, width, chunk, dtype)),
+                              None, program.transform.init())
                   for m in range(members)]
     finally:
         store.close()

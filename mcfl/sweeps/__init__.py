@@ -79,6 +79,7 @@ def sweep(
     overwrite: bool = False,
     model: Any = None,
     observers: Sequence[Any] = (),
+    transform: Optional[Any] = None,
 ) -> SweepResult:
     """Run every combination of `grid` ({config key: [values]}, ``algorithm`` included) with
     every seed (a list, a count n for 0..n-1, or text like "0-7"). One dataset is shared (the
@@ -93,7 +94,8 @@ def sweep(
     refused unless `overwrite` (which deletes its files first). Every member's rows equal
     ``mcfl.run`` of its config (the member table's seed, data seed and grid values on
     `config`) to float rounding. `model` trains a user's flax module (or factory, or
-    `mcfl.models.ModelSpec`) in every member, as in `mcfl.run`.
+    `mcfl.models.ModelSpec`) in every member, as in `mcfl.run`; so does `transform`, what
+    every client message goes through (`mcfl.transforms`).
 
     `observers` follow each member as a run of its own: each makes the member's
     `mcfl.RunObserver` (``observer.member(member, spec)``, `mcfl.sweeps.observed`), as the
@@ -162,7 +164,7 @@ def sweep(
             program, _ = run_program(grp.base, plan_run(grp.base, data, model), data.arrays,
                                      None, members=True, traced=grp.traced,
                                      member_count=len(grp.members), mesh=mesh,
-                                     width=member_width)
+                                     width=member_width, transform=transform)
             programs.append(program)
             compiled_before = program.compile_seconds  # (a kept program has compiled already)
             size = fit(program, grp.members, data.arrays, memory_budget(), devices,

@@ -1,0 +1,150 @@
+"""An algorithm run on the device: its state, its clients' rows and the transform's state in one
+pytree, rounds as one jittable function, evaluation.
+
+`on_device(algorithm, transform)` gives what a run's program compiles (`mcfl.program`) and
+what the Python API offers below `mcfl.run`:
+
+* ``init(data, key, hp) -> DeviceState``: the algorithm's state, every client's row of its
+  per-client state ([C, ...] in the store's dtype: the device store), and the transform's state;
+* ``round(state, data, key, hp, round) -> (state, metrics)``: the round's participants (stage
+  (a), `FederatedAlgorithm.participants`), their rows gathered, the round run with them in its
+  `Exchange`, the trained rows scattered back.
+
+A host or disk store (`mcfl.store.program`) runs the same algorithm round on rows it reads
+itself, so both give the same numbers. `scan_rounds` runs many rounds as one `lax.scan`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from mcfl import engine
+from mcfl.algorithms.base import Exchange, FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.stored import (
+    counts_in_chunks,
+    evaluate_rows,
+    evaluated_floats,
+    fresh_like,
+    to_storage,
+    to_training,
+)
+from mcfl.engine import evaluate_clients
+from mcfl.transforms import IDENTITY, MessageTransform
+
+# Folded into a round's key for the transform's server part (noise), so that it draws nothing
+# the algorithm draws.
+TRANSFORM_KEY = 0x7472
+
+
+class DeviceState(flax.struct.PyTreeNode):
+    """A run's state on the device: the algorithm's, its clients' rows [C, ...] in the
+    storage dtype (None when it keeps none) and the message transform's."""
+
+    algorithm: Any
+    rows: Any = None
+    transform: Any = None
+
+
+class OnDevice(NamedTuple):
+    """`algorithm` with everything on the device (module docstring)."""
+
+    algorithm: FederatedAlgorithm
+    init: Any
+    round: Any
+
+
+def exchange_for(algorithm: FederatedAlgorithm, transform: MessageTransform, state, clients,
+                 rows, transform_state, key) -> Exchange:
+    """The exchange of a round of `clients` whose rows are `rows` (training dtypes)."""
+    return Exchange(clients, rows, transform_state, None,
+                    jax.random.fold_in(key, TRANSFORM_KEY), transform=transform)
+
+
+def on_device(algorithm: FederatedAlgorithm,
+              transform: MessageTransform = IDENTITY) -> OnDevice:
+    """`algorithm` run with its rows and the transform's state on the device."""
+    client_state = algorithm.client_state
+    has_rows = algorithm.rows
+
+    def init(data, key, hp: Hyperparams) -> DeviceState:
+        state = algorithm.init(data, key, hp)
+        rows = None
+        if has_rows:
+            clients = jnp.arange(data.num_clients, dtype=jnp.int32)
+            rows = to_storage(client_state.fresh(state, clients), client_state.dtype)
+        return DeviceState(state, rows, transform.init())
+
+    def round_(state: DeviceState, data, key, hp: Hyperparams, round_index):
+        clients = algorithm.participants(state.algorithm, data, key, round_index)
+        rows = None
+        if has_rows:
+            stored = jax.tree.map(lambda all_rows: all_rows[clients], state.rows)
+            rows = to_training(stored, fresh_like(client_state, state.algorithm))
+        exchange = exchange_for(algorithm, transform, state.algorithm, clients, rows,
+                                state.transform, key)
+        new_state, metrics, exchange = algorithm.round(state.algorithm, data, key, hp,
+                                                       exchange)
+        all_rows = state.rows
+        if has_rows:
+            new = to_storage(exchange.rows, client_state.dtype)
+            all_rows = jax.tree.map(lambda everyone, r: everyone.at[clients].set(r),
+                                    state.rows, new)
+        return DeviceState(new_state, all_rows, exchange.transform_state), metrics
+
+    return OnDevice(algorithm, init, round_)
+
+
+def scan_rounds(device: OnDevice, hp: Hyperparams, state: DeviceState, data,
+                rounds_key: jax.Array, first_round, num_rounds: int):
+    """Run rounds ``first_round .. first_round + num_rounds - 1`` with `hp` as one `lax.scan`,
+    with no host round-trip between them; round r uses ``fold_in(rounds_key, r)`` as
+    `mcfl.run` does, so the result equals running them one by one. Returns the final state and
+    each metric stacked [num_rounds]. Jit it with `num_rounds` static."""
+    if isinstance(device, FederatedAlgorithm):
+        device = on_device(device)
+
+    def body(carry, r):
+        return device.round(carry, data, jax.random.fold_in(rounds_key, r), hp, r)
+
+    rounds = first_round + jnp.arange(num_rounds, dtype=jnp.int32)
+    return jax.lax.scan(body, state, rounds)
+
+
+def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
+                      state: DeviceState, data):
+    """Per-client test counts of the models `algorithm` evaluates each client with (on the
+    data as the clients hold it now), and the clients' test row counts. `apply_fn` is the
+    model's; an algorithm whose client models are something else (FedEM's mixtures) brings its
+    own."""
+    described = algorithm.client_models(state.algorithm, data)
+    apply_fn = described.apply or apply_fn
+    data = data if described.data is None else described.data
+    if algorithm.rows:  # chunk by chunk, as a host or disk store evaluates them
+        client_state = algorithm.client_state
+        row_floats = evaluated_floats(client_state, state.algorithm)
+
+        def chunk_counts(clients):
+            stored = jax.tree.map(lambda r: r[clients], state.rows)
+            return evaluate_rows(client_state, apply_fn, block_size, state.algorithm,
+                                 state.algorithm, stored, jnp.ones(clients.shape, bool),
+                                 clients, data)
+
+        return counts_in_chunks(chunk_counts, data.num_clients, row_floats), data.test_counts
+    if described.of_clients is not None:  # made per client (Per-FedAvg's step)
+        row_floats = sum(x[0].size for x in jax.tree.leaves(described.models))
+
+        def personal_counts(clients):
+            return evaluate_clients(apply_fn, data, described.of_clients(clients), clients,
+                                    block_size)
+
+        return counts_in_chunks(personal_counts, data.num_clients, row_floats), \
+            data.test_counts
+    index = described.index
+    if index is None:
+        index = jnp.zeros((data.num_clients,), jnp.int32)
+    return (engine.evaluate_counts(apply_fn, data, described.models, index, block_size),
+            data.test_counts)

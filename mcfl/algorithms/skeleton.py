@@ -1,0 +1,226 @@
+"""The round skeleton: the stages of a federated round, written once.
+
+    (a) who takes part          `FederatedAlgorithm.participants`, decided before the round
+                                (the run hands them in: ``exchange.clients``)
+    (b) where each one starts   the algorithm's `start`: the models, each client's row of them,
+                                its aggregation weight and segment (`Start`)
+    (c) local training          the engine (`mcfl.engine.train_and_aggregate`)
+    (d) the client's message    its update (trained minus start), through the run's message
+                                transform (`mcfl.transforms`), inside the engine
+    (e) aggregation             the messages' weighted per-segment sums, then the transform's
+                                server part (`Aggregate`)
+    (f) the server's step       the algorithm's `server`
+
+An algorithm that fits supplies only `init`, `start` and `server` (and how its clients are
+evaluated): `skeleton_algorithm`. FedAvg and FedProx, FedDist and FedDWS, Per-FedAvg, FedNova,
+IFCA, FeSEM and FeSEM-MA, and the rounds of FL+HC and PACFL are written so. An algorithm whose
+round does not fit one pass (two trainings: Ditto, FedRep, FedDANE; collected messages that the
+server needs all at once: CFL, Robust; gradients instead of training: FedSGD; per-client rows
+aggregated by hand) writes its own `round` from the same pieces: the stages (c)-(e) are
+`aggregate` (or `mcfl.engine.train_and_collect` and `server_sums` for collected messages), and
+every message still passes through the transform, because the engine applies it wherever an
+`Exchange` is given. Each such module says why it writes its own round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from mcfl.algorithms.base import (
+    ClientModels,
+    Exchange,
+    FederatedAlgorithm,
+    sampled,
+    shared_models,
+    stack,
+    training_metrics,
+)
+from mcfl.algorithms.registry import AlgorithmContext
+from mcfl.engine import (
+    ClientStats,
+    LocalTraining,
+    PyTree,
+    RoundClients,
+    segment_mean,
+    server_part,
+    train_and_aggregate,
+)
+
+
+class Start(NamedTuple):
+    """Stage (b): the models the round's clients start from (`models` [M, ...]; client i from
+    ``models[selection.start_index[i]]``), and how their messages are summed: into segment
+    ``segments[i]`` of `num_segments` (or the one ``assign(messages)`` picks after training:
+    FeSEM's E-step), times ``weights[i]``. `training`: how they train (None: ``hp.training``);
+    `prox_scale` [S] scales a proximal term per client; `align` rewrites a block of messages
+    before they are summed (FeSEM-MA)."""
+
+    models: PyTree
+    selection: RoundClients
+    weights: jax.Array
+    segments: jax.Array
+    num_segments: int = 1
+    training: Optional[LocalTraining] = None
+    prox_scale: Any = 1.0
+    assign: Optional[Callable] = None
+    align: Optional[Callable] = None
+
+
+def global_start(params: PyTree, clients: jax.Array, weights: jax.Array,
+                 training: Optional[LocalTraining] = None) -> Start:
+    """Every client starts from the one global model `params`; one segment."""
+    zeros = jnp.zeros_like(clients)
+    return Start(stack(params), RoundClients(clients, zeros), weights, zeros, 1, training)
+
+
+class Aggregate(NamedTuple):
+    """Stages (c)-(e)'s result: the round's `clients` [S], the weighted per-segment sums of
+    their messages `sums` [K, ...] and of their weights `weight_sums` [K], each client's
+    segment [S], its training stats [S], its weight [S] and the row of the start models it
+    started from [S]."""
+
+    clients: jax.Array
+    sums: PyTree
+    weight_sums: jax.Array
+    segments: jax.Array
+    stats: ClientStats
+    weights: jax.Array
+    starts: jax.Array
+
+    def mean(self, fallback: PyTree) -> PyTree:
+        """[K, ...] each segment's weighted mean; `fallback`'s row where nothing was summed."""
+        return segment_mean(self.sums, self.weight_sums, fallback)
+
+    def metrics(self, data) -> dict[str, jax.Array]:
+        """The round's training metrics (`base.training_metrics`, losses weighted by the
+        clients' training rows)."""
+        return training_metrics(data.train_counts[self.clients], self.stats)
+
+
+def aggregate(context: AlgorithmContext, start: Start, data, key, hp,
+              exchange: Exchange) -> tuple[Aggregate, Exchange]:
+    """Stages (c)-(e) for the clients of `start`: train them, transform their messages,
+    sum them per segment (in blocks of the run's size)."""
+    training = hp.training if start.training is None else start.training
+    sums, weight_sums, segments, stats, exchange = train_and_aggregate(
+        training, data, key, start.models, start.selection, start.weights, start.segments,
+        start.num_segments, start.prox_scale, start.assign, start.align, exchange=exchange,
+        block_size=context.block_size)
+    return Aggregate(start.selection.clients, sums, weight_sums, segments, stats,
+                     start.weights, start.selection.start_index), exchange
+
+
+def server_sums(exchange: Exchange, sums: PyTree, weight_sums: jax.Array):
+    """Stage (e)'s end for messages an algorithm summed itself (collected with
+    `mcfl.engine.train_and_collect`): the transform's server part on the weighted per-segment
+    sums [K, ...] and weights [K]; ``(sums, weight_sums, exchange)``."""
+    return server_part(exchange, sums, weight_sums)
+
+
+def transformed(exchange: Exchange, messages: PyTree) -> PyTree:
+    """Collected messages [S, ...] that an algorithm forms itself (SCAFFOLD's y_i - x and
+    c_i^+ - c_i) through the exchange's transform (stage (d)); as they are without one."""
+    transform = exchange.transform
+    if transform.client is None:
+        return messages
+    return jax.vmap(lambda m: transform.client(m, exchange.transform_state))(messages)
+
+
+def as_messages(exchange: Exchange, trained: PyTree, start: PyTree) -> PyTree:
+    """What the server receives of clients that keep their trained models [S, ...] (FedSoft's
+    local models): each start [S, ...] plus its update through the exchange's transform; the
+    trained models themselves without one."""
+    if exchange.transform.client is None:
+        return trained
+    updates = transformed(exchange, jax.tree.map(jnp.subtract, trained, start))
+    return jax.tree.map(jnp.add, start, updates)
+
+
+def columns_mean_of(messages: PyTree, weights: jax.Array, floor: float, exchange: Exchange):
+    """[K, ...] the messages [S, ...] averaged with the weights of each column of `weights`
+    [S, K] (a client's share in each cluster): ``sum_s w_sk x_s / max(sum_s w_sk, floor)``,
+    with the transform's server part on the sums when it has one; ``(means, totals [K],
+    exchange)``."""
+    totals = jnp.sum(weights, axis=0)
+    if exchange.transform.server is None:
+        scaled = weights.T / jnp.maximum(totals, floor)[:, None]
+        return jax.tree.map(lambda x: jnp.tensordot(scaled, x, axes=1), messages), totals, \
+            exchange
+    sums = jax.tree.map(lambda x: jnp.tensordot(weights.T, x, axes=1), messages)
+    sums, totals, exchange = server_part(exchange, sums, totals)
+    return jax.tree.map(lambda s: s / jnp.maximum(totals, floor).reshape(
+        (-1,) + (1,) * (s.ndim - 1)), sums), totals, exchange
+
+
+def weighted_mean_of(messages: PyTree, weights: jax.Array, exchange: Exchange):
+    """The `weights`-weighted mean over the clients of collected messages [S, ...] (the
+    personalised algorithms' shared parts), with the transform's server part on their sum when
+    it has one; ``(mean, exchange)``. Without a server part the mean is the weights' shares
+    contracted with the messages, as those algorithms always computed it."""
+    if exchange.transform.server is None:
+        share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
+        return jax.tree.map(lambda x: jnp.tensordot(share, x.astype(jnp.float32), axes=1)
+                            .astype(x.dtype), messages), exchange
+    sums = jax.tree.map(lambda x: jnp.tensordot(weights, x.astype(jnp.float32), axes=1)[None],
+                        messages)
+    sums, totals, exchange = server_part(exchange, sums, jnp.sum(weights)[None])
+    return jax.tree.map(lambda s, x: (s[0] / jnp.maximum(totals[0], 1e-30)).astype(x.dtype),
+                        sums, messages), exchange
+
+
+def plain_mean_of(messages: PyTree, exchange: Exchange):
+    """The plain mean over the clients of collected messages [S, ...], with the transform's
+    server part on their sum when it has one; ``(mean, exchange)``."""
+    if exchange.transform.server is None:
+        return jax.tree.map(lambda x: jnp.mean(x, axis=0), messages), exchange
+    count = jax.tree.leaves(messages)[0].shape[0]
+    return weighted_mean_of(messages, jnp.ones((count,), jnp.float32), exchange)
+
+
+def sum_of(messages: PyTree, exchange: Exchange):
+    """The sum over the clients of collected messages [S, ...] (each weighing 1), with the
+    transform's server part on it when it has one; ``(sum, exchange)``."""
+    if exchange.transform.server is None:
+        return jax.tree.map(lambda x: jnp.sum(x, axis=0), messages), exchange
+    count = jax.tree.leaves(messages)[0].shape[0]
+    sums = jax.tree.map(lambda x: jnp.sum(x, axis=0)[None], messages)
+    sums, _, exchange = server_part(exchange, sums, jnp.full((1,), count, jnp.float32))
+    return jax.tree.map(lambda x: x[0], sums), exchange
+
+
+def round_of(context: AlgorithmContext, start: Callable, server: Callable) -> Callable:
+    """A `round` from the algorithm's stages: ``start(state, data, clients, hp) -> Start``
+    (b) and ``server(state, aggregate, data, hp) -> (state, metrics)`` (f). The round key's
+    first half chose the participants (`base.sampled`), its second trains them."""
+    def round_(state, data, key, hp, exchange):
+        train_key = jax.random.split(key)[1]
+        begun = start(state, data, exchange.clients, hp)
+        summed, exchange = aggregate(context, begun, data, train_key, hp, exchange)
+        state, metrics = server(state, summed, data, hp)
+        return state, metrics, exchange
+
+    return round_
+
+
+def skeleton_algorithm(context: AlgorithmContext, init: Callable, start: Callable,
+                       server: Callable, client_models: Callable, assignments=None,
+                       client_state=None) -> FederatedAlgorithm:
+    """The algorithm whose round is the skeleton's (`round_of`), its clients sampled at random
+    (`context.clients_per_round` a round)."""
+    return FederatedAlgorithm(init, sampled(context.clients_per_round),
+                              round_of(context, start, server), client_models, assignments,
+                              client_state)
+
+
+def global_model(params_of: Callable = lambda state: state.params) -> Callable:
+    """`client_models` of an algorithm with one global model: every client is evaluated
+    with ``params_of(state)``."""
+    def client_models(state, data) -> ClientModels:
+        del data
+        return shared_models(stack(params_of(state)))
+
+    return client_models
