@@ -37,9 +37,9 @@ from mcfl import engine
 from mcfl.algorithms import hyperparams
 from mcfl.algorithms.stored import to_storage
 from mcfl.data.loaders import load_fmnist
-from mcfl.embedding import embedding_for_run
-from mcfl.plan import plan_run, run_keys
-from mcfl.store import run_program
+from mcfl.runs.embedding import embedding_for_run
+from mcfl.runs.execution import plan_run, run_keys
+from mcfl.runs.stored_program import run_program
 
 
 def dataset(clients: int, rows: int, seed: int = 0):
@@ -199,7 +199,7 @@ def ifca_embed(args) -> dict:
 
 
 def embed(args, config, program, store_kind: str, state, data) -> dict:
-    """The run's closing 2-D embedding of `args.embed` clients (`mcfl.embedding`), timed."""
+    """The run's closing 2-D embedding of `args.embed` clients (`mcfl.runs.embedding`), timed."""
     training = hyperparams(config, program.plan.model).training
     before = peak_gib()
     t0 = time.perf_counter()

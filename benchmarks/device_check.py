@@ -29,8 +29,9 @@ from pathlib import Path
 import jax
 
 from mcfl.apps.bench import machine_info
-from mcfl.apps.bench_point import FEATURES, Point, benchmark_dataset, training_config
-from mcfl.runner import run
+from mcfl.apps.bench_data import benchmark_dataset
+from mcfl.apps.bench_point import FEATURES, Point, training_config
+from mcfl.runs.runner import run
 
 
 @dataclasses.dataclass(frozen=True)

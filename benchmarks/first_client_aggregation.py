@@ -25,9 +25,9 @@ from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
 from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
 from mcfl.config import from_dict
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.records import PAPER_SCORE
+from mcfl.engine.sampling import round_clients
 from mcfl.reproduce import get
-from mcfl.sampling import round_clients
+from mcfl.runs.records import PAPER_SCORE
 
 
 def first_member_models(trained, clusters, current, num_clusters: int):

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 import mcfl
-from mcfl import atomic
+from mcfl.files import atomic
 
 SETTING = dict(dataset="synthetic", synthetic_alpha=1.0, synthetic_beta=1.0, clients=100,
                data_seed=2077, model="mclr", algorithm="flexcfl", clients_per_round=20,

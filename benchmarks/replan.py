@@ -7,7 +7,7 @@ A suite run on a rented accelerator records, beside each measured round, the bou
 computed there (`Point.plan`). When the plan's counting changes afterwards, the bound can be
 recomputed here without the accelerator: the count is taken on the traced program (nothing is
 compiled or run), for the point's config, data shape and block size as recorded, and the
-named target's datasheet figures (`mcfl.targets`). Prints, for each planned point, the
+named target's datasheet figures (`mcfl.planning.targets`). Prints, for each planned point, the
 measured round, the bound recorded with it, the recomputed bound and measured / recomputed.
 The point's generated data is built here, so a point needs its data's memory on this machine
 (FeSEM at 1,000,000 clients: about 14 GB).
@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mcfl import atomic  # noqa: E402
-from mcfl.apps.bench_point import FEATURES, Point, benchmark_dataset, training_config  # noqa: E402
-from mcfl.estimate import bound_on, estimate_run  # noqa: E402
-from mcfl.targets import TARGETS  # noqa: E402
+from mcfl.apps.bench_data import benchmark_dataset  # noqa: E402
+from mcfl.apps.bench_point import FEATURES, Point, training_config  # noqa: E402
+from mcfl.files import atomic  # noqa: E402
+from mcfl.planning.estimate import bound_on, estimate_run  # noqa: E402
+from mcfl.planning.targets import TARGETS  # noqa: E402
 
 
 def recorded_point(record: dict) -> Point:

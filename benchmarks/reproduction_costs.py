@@ -23,8 +23,8 @@ from mcfl.algorithms import build_algorithm, hyperparams, ifca
 from mcfl.config import from_dict, load_file
 from mcfl.data import load_dataset
 from mcfl.engine import planned_block_size
-from mcfl.plan import plan_run
-from mcfl.sampling import sample_clients
+from mcfl.engine.sampling import sample_clients
+from mcfl.runs.execution import plan_run
 
 CONFIG = "experiments/flexcfl_table3_fmnist.toml"
 

@@ -15,7 +15,7 @@ from mcfl import algorithms, data, models, tracking, transforms
 from mcfl.algorithms.device import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
-from mcfl.runner import RunObserver, RunResult, run
+from mcfl.runs.runner import RunObserver, RunResult, run
 from mcfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"

@@ -26,9 +26,9 @@ import tomllib
 from mcfl import settings
 from mcfl.algorithms import registry
 from mcfl.data.settings import DataSettings, check_data, counts_own_clients, default_clients
+from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
-from mcfl.sampling import resolve_clients_per_round
 from mcfl.settings import INT64_MAX, Static, setting
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")

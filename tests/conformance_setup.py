@@ -74,8 +74,8 @@ def run_summary(algorithm, state, losses: list) -> dict:
 
 def lowered(name: str, programs: dict) -> dict:
     """Each of `programs` ({label: (function, args)}) lowered for TPU and CUDA
-    (`mcfl.lowering`): "ok" or the reason it does not lower."""
-    from mcfl.lowering import LoweringError, lower_for
+    (`mcfl.planning.lowering`): "ok" or the reason it does not lower."""
+    from mcfl.planning.lowering import LoweringError, lower_for
 
     out = {}
     for label, (fn, args) in programs.items():

@@ -32,13 +32,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mcfl import compile_cache
 from mcfl.data.federated import from_splits
+from mcfl.runtime import compile_cache
 
 # The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
 os.environ["MCFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="mcfl-test-cache-")
-# The in-process commands would turn the same cache on at their first run (mcfl.compile_cache);
-# on from the start, every test shares it. Subprocesses choose for themselves.
+# The in-process commands would turn the same cache on at their first run
+# (mcfl.runtime.compile_cache); on from the start, every test shares it. Subprocesses choose
+# for themselves.
 compile_cache.enable(Path(os.environ["MCFL_CACHE_DIR"]) / compile_cache.SUBDIRECTORY)
 
 HERE = Path(__file__).parent

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 import mcfl
-from mcfl import distributed
+from mcfl.runtime import distributed
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ def reference_batches(training: LocalTraining, data, round_key, client: int):
 def reference_fedavg_round(training, data, params, round_key, clients_per_round: int):
     """One FedAvg round as `mcfl.algorithms.fedavg` keys it (the round key split into sampling
     and training keys): each sampled client trains from `params`; average weighted by n_i."""
-    from mcfl.sampling import sample_clients
+    from mcfl.engine.sampling import sample_clients
 
     sample_key, train_key = jax.random.split(round_key)
     clients = sample_clients(sample_key, data.num_clients, clients_per_round)

@@ -13,8 +13,8 @@ from conftest import ragged_dataset
 from reference import reference_local_train
 
 from mcfl.engine import LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 
 SIZES = [3, 30, 17, 40, 9, 24]
 

@@ -8,19 +8,19 @@ import json
 import numpy as np
 import pytest
 
-from mcfl.apps import bench, bench_point
+from mcfl.apps import bench, bench_data, bench_point
 from mcfl.apps.cli import main
 
 TINY = {"model": "mclr", "clients": 20, "rounds": 2}
 
 
 def test_every_client_holds_exactly_rows_per_client_and_the_data_is_seeded():
-    data = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
+    data = bench_data.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
     assert data.num_clients == 30 and data.feature_shape == (7,) and data.num_classes == 10
     assert (data.train_counts() == 12).all() and (data.test_counts() == 3).all()
     assert np.array_equal(data.true_cluster, np.arange(30) % 4)
-    again = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
-    other = bench_point.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=5)
+    again = bench_data.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=4)
+    other = bench_data.benchmark_dataset(30, 7, rows_per_client=12, test_rows_per_client=3, seed=5)
     for name in ("x_train", "y_train", "x_test", "y_test"):
         assert np.array_equal(getattr(data.arrays, name), getattr(again.arrays, name))
     assert not np.array_equal(data.arrays.x_train, other.arrays.x_train)
@@ -30,7 +30,7 @@ def test_fill_mixture_draws_rows_around_their_centers():
     rng = np.random.default_rng(0)
     centers = np.array([[0.0, 0.0], [100.0, -100.0]], np.float32)
     component = np.arange(5000) % 2
-    out = bench_point.fill_mixture(rng, np.empty((5000, 2), np.float32), centers, component,
+    out = bench_data.fill_mixture(rng, np.empty((5000, 2), np.float32), centers, component,
                                    scale=2.0)
     for k in (0, 1):
         rows = out[component == k]

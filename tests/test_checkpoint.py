@@ -26,7 +26,7 @@ TIMINGS = {"wall_seconds", "init_seconds", "compile_seconds", "seconds_per_round
 def compile_once():
     """Each case runs its config three times (whole, stopped, resumed) and the subprocesses
     start afresh: JAX's persistent cache (the tests' temporary one) compiles each program once."""
-    from mcfl import compile_cache
+    from mcfl.runtime import compile_cache
 
     compile_cache.enable()
 
@@ -89,7 +89,7 @@ def test_sigint_stops_at_a_chunk_end_and_resume_equals_an_uninterrupted_run(tmp_
 
 
 def test_checkpoints_every_n_rounds_keep_the_latest(tmp_path, monkeypatch):
-    from mcfl import checkpoint
+    from mcfl.files import checkpoint
 
     saved = []
     original = checkpoint.Checkpoints.save

@@ -13,8 +13,8 @@ import pytest
 
 import mcfl
 import mcfl.data
-import mcfl.program
-import mcfl.records
+import mcfl.runs.program
+import mcfl.runs.records
 from mcfl.algorithms.base import FederatedAlgorithm, wrapping
 from mcfl.apps.cli import main
 
@@ -150,10 +150,9 @@ def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAl
 
 
 def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys):
-    build = mcfl.program.build_algorithm
-    monkeypatch.setattr(
-        mcfl.program, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
-    )
+    build = mcfl.runs.program.build_algorithm
+    monkeypatch.setattr(mcfl.runs.program, "build_algorithm",
+                        lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3))
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -168,7 +167,7 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
     import jax
     import numpy as np
 
-    from mcfl.plan import seed_key
+    from mcfl.runs.execution import seed_key
 
     data = [tuple(np.asarray(jax.random.key_data(seed_key(s)))) for s in
             (0, 1, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63 - 2**32)]
@@ -178,14 +177,14 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
 
 def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
     config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
-    text = mcfl.records.divergence_message(config, {"round": 1, "train_loss": float("inf"),
+    text = mcfl.runs.records.divergence_message(config, {"round": 1, "train_loss": float("inf"),
                                             "discrepancy": 0.5}, [])
     assert text == ("training diverged in round 1: non-finite train_loss=inf; no round was "
                     "kept. Try a smaller --lr 0.5, or check the data for extreme values")
 
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch):
-    build = mcfl.program.build_algorithm
+    build = mcfl.runs.program.build_algorithm
     from mcfl.algorithms import device
 
     evaluate_counts = device.engine.evaluate_counts
@@ -202,7 +201,7 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
         algorithm = build(*args, **kwargs)
         return algorithm._replace(round=counting("round", algorithm.round))
 
-    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
+    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
     monkeypatch.setattr(device.engine, "evaluate_counts", counting("evaluate", evaluate_counts))
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
@@ -212,7 +211,7 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
 def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch):
     """The seed reaches the program as keys: a second run of a config with another seed on the
     same data traces nothing and gives what a fresh program gives; another lr compiles anew."""
-    build = mcfl.program.build_algorithm
+    build = mcfl.runs.program.build_algorithm
     traces = []
 
     def counted_build(*args, **kwargs):
@@ -224,13 +223,13 @@ def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch):
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
+    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
     config = mcfl.RunConfig(clients=8, rounds=2, clients_per_round=3, embed_clients=0)
     data = mcfl.data.load_dataset(config)
     mcfl.run(config, dataset=data)
     again = mcfl.run(config.replace(seed=1), dataset=data)
     assert len(traces) == 1
-    mcfl.program.forget_programs()
+    mcfl.runs.program.forget_programs()
     fresh = mcfl.run(config.replace(seed=1), dataset=data)
     assert len(traces) == 2
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
@@ -311,7 +310,7 @@ def test_profile_writes_a_trace(tmp_path):
 
 
 def test_round_chunks_end_at_each_evaluation():
-    from mcfl.loop import round_chunks
+    from mcfl.runs.loop import round_chunks
 
     assert round_chunks(3, 2, scanned=False) == [(1, 1), (2, 1), (3, 1)]
     assert round_chunks(5, 2, scanned=True) == [(1, 2), (3, 2), (5, 1)]
@@ -326,7 +325,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
     common = ["--algorithm", "ifca", "--clusters", "2", *SMALL, "--rounds", "5",
               "--eval-every", "2", "--no-cache"]
     assert main(["run", *common, "--out", str(tmp_path / "loop")]) == 0
-    build = mcfl.program.build_algorithm
+    build = mcfl.runs.program.build_algorithm
     traces = []
 
     def counted_build(*args, **kwargs):
@@ -338,7 +337,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(mcfl.program, "build_algorithm", counted_build)
+    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
     assert main(["run", *common, "--scan-rounds", "--out", str(tmp_path / "scan")]) == 0
     assert len(traces) == 2
     loop, scan = _csv(tmp_path / "loop" / "rounds.csv"), _csv(tmp_path / "scan" / "rounds.csv")
@@ -352,10 +351,9 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
 
 
 def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys):
-    build = mcfl.program.build_algorithm
-    monkeypatch.setattr(
-        mcfl.program, "build_algorithm", lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3)
-    )
+    build = mcfl.runs.program.build_algorithm
+    monkeypatch.setattr(mcfl.runs.program, "build_algorithm",
+                        lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3))
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds",
                  "--out", str(out)]) == 2

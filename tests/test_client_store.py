@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 import mcfl
-from mcfl import embedding, faults
 from mcfl.algorithms import build_algorithm, hyperparams
 from mcfl.apps.cli import main
-from mcfl.atomic import WriteError
-from mcfl.plan import plan_run
+from mcfl.files import faults
+from mcfl.files.atomic import WriteError
+from mcfl.runs import embedding
+from mcfl.runs import stored_program as store_program
+from mcfl.runs.execution import plan_run
 from mcfl.store import files as store_files
-from mcfl.store import program as store_program
 from mcfl.store.choose import choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.stores import DiskStore, HostStore

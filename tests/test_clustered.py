@@ -21,11 +21,11 @@ from mcfl.data import partition_arrays
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.spec import parse_partition
 from mcfl.engine import ClientStats, LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
-from mcfl.evaluation import aggregate
 from mcfl.models import make_model
-from mcfl.program import evaluate
-from mcfl.sampling import sample_clients
+from mcfl.runs.evaluation import aggregate
+from mcfl.runs.program import evaluate
 
 
 @pytest.fixture(scope="module")

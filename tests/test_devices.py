@@ -1,5 +1,5 @@
 """Checks that need several devices: for every registered algorithm, 1 and 4 devices agree and
-its programs lower for TPU and CUDA on one device and dealt over 4 (`mcfl.lowering`);
+its programs lower for TPU and CUDA on one device and dealt over 4 (`mcfl.planning.lowering`);
 a sweep's members dealt over 4 devices equal one device's. Their runs take a process of their
 own with 4 forced CPU devices (tests/conformance_background.py), started with the test
 session so that its compiling overlaps the other tests; this file runs last

@@ -10,9 +10,9 @@ import pytest
 from conftest import algorithm as build
 
 from mcfl.engine import LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 from tests.reference import reference_local_train
 
 

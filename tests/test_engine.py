@@ -24,8 +24,8 @@ from mcfl.engine import (
     train_and_collect,
 )
 from mcfl.engine.batch_rule import epoch_positions, step_rows
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 
 SIZES = [3, 300, 17, 40, 9, 64]
 

@@ -7,7 +7,7 @@ from sklearn.metrics import accuracy_score, f1_score
 
 from mcfl.data.federated import from_splits
 from mcfl.engine import evaluate_counts
-from mcfl.evaluation import aggregate, client_metrics
+from mcfl.runs.evaluation import aggregate, client_metrics
 
 NUM_CLASSES = 5
 

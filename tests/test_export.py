@@ -11,9 +11,9 @@ import pytest
 
 import mcfl
 from mcfl.apps.cli import main
-from mcfl.atomic import WriteError
 from mcfl.data import export, load_dataset
 from mcfl.errors import DataError
+from mcfl.files.atomic import WriteError
 
 SETTINGS = {"dataset": "digits", "partition": "rotated:2", "clients": 6, "seed": 3}
 
@@ -28,7 +28,7 @@ def client_view(dataset, split):
     a = dataset.arrays
     x = np.asarray(getattr(a, f"x_{split}"))
     y = np.asarray(getattr(a, f"y_{split}"))
-    return [(x[r].reshape(len(r), -1), y[r]) for r in export.client_rows(dataset, split)]
+    return [(x[r].reshape(len(r), -1), y[r]) for r in export.row_indices_of_clients(dataset, split)]
 
 
 def assert_same_rows(got, want):

@@ -22,9 +22,10 @@ import pytest
 from test_checkpoint import SignalAt, assert_same_run
 
 import mcfl
-from mcfl import checkpoint, faults, memory
 from mcfl.apps.cli import main
-from mcfl.run_folder import run_status
+from mcfl.files import checkpoint, faults
+from mcfl.files.run_folder import run_status
+from mcfl.planning import memory
 
 # A clustered run (assignments, embedding) small enough that a process takes ~3 s, with a
 # checkpoint every 2 rounds: many windows (rows, checkpoints, final files) to be killed in.

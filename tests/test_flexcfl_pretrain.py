@@ -20,8 +20,8 @@ import mcfl
 from mcfl.algorithms import local_training
 from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining, evaluate_counts
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 
 E = 2  # local epochs
 

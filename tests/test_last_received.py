@@ -13,8 +13,8 @@ from conftest import planted_gaussian, ragged_dataset
 
 import mcfl
 from mcfl.engine import LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 
 CLIENTS, PER_ROUND = 6, 2
 

@@ -1,4 +1,4 @@
-"""`mcfl.lowering`: a program lowers for TPU and CUDA here (no accelerator needed), and one
+"""`mcfl.planning.lowering`: a program lowers for TPU and CUDA here (no accelerator needed), and one
 that cannot run there is refused with the operation named. Every registered algorithm's
 programs are lowered in tests/test_devices.py (one device and four)."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mcfl.lowering import LoweringError, lower_for
+from mcfl.planning.lowering import LoweringError, lower_for
 
 
 def test_a_linear_algebra_program_lowers_for_tpu_and_cuda():

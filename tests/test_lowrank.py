@@ -14,7 +14,7 @@ from mcfl.config import RunConfig
 from mcfl.engine import LocalTraining, RoundClients, lowrank
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.runner import run
+from mcfl.runs.runner import run
 
 SIZES = [3, 31, 17, 40, 9, 24, 12]  # partial last batches, one client shorter than a batch
 LR = 0.1

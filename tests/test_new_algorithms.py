@@ -19,10 +19,10 @@ from mcfl.algorithms.matching import align, permute_units
 from mcfl.clustering import masked_statistic, segment_statistic, trimmed_kmeans
 from mcfl.clustering.robust import trimmed_seeds
 from mcfl.engine import LocalTraining
-from mcfl.evaluation import aggregate
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.program import evaluate
-from mcfl.sampling import sample_clients
+from mcfl.runs.evaluation import aggregate
+from mcfl.runs.program import evaluate
 
 
 def test_masked_median_and_trimmed_mean_match_numpy_and_scipy():

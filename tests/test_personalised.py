@@ -12,9 +12,9 @@ from conftest import algorithm as build
 
 from mcfl.algorithms.device import evaluation_counts
 from mcfl.engine import LocalTraining, evaluate_clients
+from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 from tests.reference import client_train_rows, reference_batches, reference_local_train
 
 # (algorithm, its layer-count key, the own layers of MLP 5-8-6-3 it gives for count 1)

@@ -1,5 +1,6 @@
-"""`mcfl plan`: the counted work of programs (`mcfl.cost`), a run's estimate (`mcfl.estimate`)
-and the roofline bounds on the targets (`mcfl.targets`), checked against hand counts."""
+"""`mcfl plan`: the counted work of programs (`mcfl.planning.cost`), a run's estimate
+(`mcfl.planning.estimate`) and the roofline bounds on the targets (`mcfl.planning.targets`),
+checked against hand counts."""
 
 import json
 
@@ -9,12 +10,12 @@ import pytest
 
 from mcfl.apps.cli import main
 from mcfl.config import RunConfig
-from mcfl.cost import Cost, traced_cost, xla_cost
 from mcfl.data import load_dataset
 from mcfl.engine.blocks import loop_scope, occasional_cond
 from mcfl.engine.training import mean_steps, steps_key
-from mcfl.estimate import bound_on, client_loop_trips, estimate_run
-from mcfl.targets import TARGETS, Target, for_device
+from mcfl.planning.cost import Cost, traced_cost, xla_cost
+from mcfl.planning.estimate import bound_on, client_loop_trips, estimate_run
+from mcfl.planning.targets import TARGETS, Target, for_device
 
 M, K, STEPS = 8, 16, 10
 
@@ -32,7 +33,7 @@ def test_a_scan_counts_its_body_as_often_as_it_runs_where_xla_counts_it_once():
     assert cost.bytes == 4 * (STEPS * (M * K + K * K + M * K) + M * K)
     assert cost.while_loops == 0
     xla = xla_cost(jax.jit(_scanned).lower(x, w).compile())
-    assert xla["flops"] < cost.flops / (STEPS - 1)  # what mcfl.cost exists to correct
+    assert xla["flops"] < cost.flops / (STEPS - 1)  # what mcfl.planning.cost exists to correct
 
 
 def _client_loop(n, x, w):

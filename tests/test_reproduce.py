@@ -10,7 +10,7 @@ from mcfl import reproduce
 from mcfl.apps.cli import main
 from mcfl.config import from_dict, load_file
 from mcfl.errors import ConfigError
-from mcfl.records import cluster_metrics, paper_score
+from mcfl.runs.records import cluster_metrics, paper_score
 
 
 def test_paper_score_counts_only_rounds_with_every_client_in_a_group():

@@ -14,8 +14,8 @@ from reference import reference_local_train
 import mcfl
 from mcfl.algorithms.schedule import ScheduleState, scheduled_clients, with_schedule
 from mcfl.engine import LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model
-from mcfl.sampling import sample_clients
 
 
 def _schedule(seed: int = 0) -> ScheduleState:

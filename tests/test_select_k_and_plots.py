@@ -12,7 +12,7 @@ import mcfl
 from mcfl.apps.cli import main
 from mcfl.data.federated import subset_clients
 from mcfl.errors import ConfigError
-from mcfl.select_k import distance_elbow, select_k
+from mcfl.runs.select_k import distance_elbow, select_k
 
 
 def test_distance_elbow_by_hand():

@@ -8,10 +8,10 @@ import pytest
 from scipy import stats
 
 import mcfl
-from mcfl import program
 from mcfl.apps.cli import main
 from mcfl.data import load_dataset
 from mcfl.errors import ConfigError
+from mcfl.runs import program
 from mcfl.sweeps.spec import check_grid, expand, group, parse_grid, parse_seeds, traceable_keys
 
 BASE = mcfl.RunConfig(dataset="synthetic", clients=12, clients_per_round=4, rounds=3,

@@ -10,7 +10,7 @@ so the default run (and CI) checks FedAvg (one global model) on every model, IFC
 chosen by loss) on every model but the ResNet (the costliest to compile, 30 s a case), and
 Local (a model per client) on the LSTM; ``pytest -m zoo_full tests/test_zoo_conformance.py``
 runs the rest. Each case's initialisation and round are also lowered for TPU and CUDA on one
-device (`mcfl.lowering`); tests/test_devices.py lowers FedAvg on every zoo model with the
+device (`mcfl.planning.lowering`); tests/test_devices.py lowers FedAvg on every zoo model with the
 clients dealt over four."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_every_algorithm_on_every_zoo_model(model_name, algorithm_name, zoo_mode
         rows.append(jax.device_get(metrics))
     for row in rows:
         assert all(np.isfinite(v) for v in row.values()), row
-    # The model's programs lowered for TPU and CUDA (mcfl.lowering), on one device.
+    # The model's programs lowered for TPU and CUDA (mcfl.planning.lowering), on one device.
     assert lowered(f"{algorithm_name} on {model_name}", {
         "init": (bound.init, (data, init_key)),
         "round": (bound.round, (state, data, rounds_key))}) == {"init": "ok", "round": "ok"}

@@ -106,7 +106,7 @@ from planted_groups import GROUP_SIZES, planted  # noqa: E402
 from sklearn.metrics import adjusted_rand_score  # noqa: E402
 
 import mcfl  # noqa: E402
-from mcfl.data.export import client_rows  # noqa: E402
+from mcfl.data.export import row_indices_of_clients  # noqa: E402
 
 CODES = ("sattler", "mcfl-paper", "mcfl-default")
 LR, BATCH, EPOCHS = 0.05, 10, 5
@@ -165,7 +165,7 @@ def run_theirs(fl, data, seed: int, rounds: int, eps: tuple[float, float], relat
     n = data.num_clients
     clients = [fl.Client(model_fn, optimizer_fn, rows(x_train, y_train, idx), idnum=i,
                          batch_size=BATCH, train_frac=1.0)
-               for i, idx in enumerate(client_rows(data, "train"))]
+               for i, idx in enumerate(row_indices_of_clients(data, "train"))]
     server = fl.Server(model_fn, rows(x_test, y_test, np.arange(len(y_test))))
 
     cluster_indices = [np.arange(n).astype("int")]
@@ -210,7 +210,7 @@ def run_theirs(fl, data, seed: int, rounds: int, eps: tuple[float, float], relat
     for k, idc in enumerate(cluster_indices):
         assignment[idc] = k
     correct = total = 0
-    for client, idx in zip(clients, client_rows(data, "test")):
+    for client, idx in zip(clients, row_indices_of_clients(data, "test")):
         if len(idx):
             loader = DataLoader(rows(x_test, y_test, idx), batch_size=512, shuffle=False)
             correct += client.evaluate(loader) * len(idx)

@@ -98,7 +98,7 @@ Output (``--out DIR``): ``export/`` (the dataset), ``runs/CODE_ALGORITHM_sSEED.j
 run's record: settings, curve, best, final, seconds, versions, edits), ``logs/`` (each run's
 output), ``mcfl/`` (mcfl's run folders), and, rebuilt from every record in ``runs/`` after
 each run: ``table.md``, ``table.json``, ``curves.csv``, ``curves.png``. Every file is written
-whole (mcfl.atomic). A run whose record already exists with the same settings is not run again
+whole (mcfl.files.atomic). A run whose record already exists with the same settings is not run again
 (``--rerun`` forces it), so a comparison can be run in parts (``--algorithms``, ``--codes``,
 ``--seeds``) into one folder. Their TensorFlow uses ``--their-threads`` threads (1 by default:
 steadier on a shared 2-core machine); mcfl runs with JAX's defaults.
@@ -397,7 +397,7 @@ def mean(values):
 
 
 def write_outputs(out: Path, records: list[dict], export_command: list[str]) -> None:
-    from mcfl import atomic
+    from mcfl.files import atomic
 
     codes = [c for c in CODES if any(r["code"] == c for r in records)]
     algorithms = [a for a in ALGORITHMS if any(r["algorithm"] == a for r in records)]
@@ -531,7 +531,7 @@ def main() -> None:
         sys.exit(f"--checkout {args.checkout}: no flearn/trainer/fedgroup.py there (clone "
                  "github.com/morningD/FlexCFL and pass its folder)")
     sys.path.insert(0, str(ROOT))
-    from mcfl import atomic
+    from mcfl.files import atomic
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,8 @@ from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.engine.batch_rule import epoch_positions  # noqa: E402
 from mcfl.models import make_model  # noqa: E402
-from mcfl.plan import RunPlan  # noqa: E402
-from mcfl.program import RoundProgram  # noqa: E402
+from mcfl.runs.execution import RunPlan  # noqa: E402
+from mcfl.runs.program import RoundProgram  # noqa: E402
 
 LAYERS = {"conv0": "Conv_0", "conv1": "Conv_1", "dense0": "Dense_0", "dense1": "Dense_1"}
 

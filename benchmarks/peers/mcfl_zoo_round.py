@@ -29,8 +29,8 @@ from mcfl.config import RunConfig  # noqa: E402
 from mcfl.data.federated import from_splits  # noqa: E402
 from mcfl.errors import ConfigError  # noqa: E402
 from mcfl.models import count_params, make_model  # noqa: E402
-from mcfl.plan import RunPlan  # noqa: E402
-from mcfl.program import RoundProgram  # noqa: E402
+from mcfl.runs.execution import RunPlan  # noqa: E402
+from mcfl.runs.program import RoundProgram  # noqa: E402
 
 
 def run_config(model: str, clients: int, args) -> RunConfig:

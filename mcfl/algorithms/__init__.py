@@ -121,7 +121,7 @@ def hyperparams(config: RunConfig, model: ModelSpec,
 def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
                block_size: Optional[int] = None) -> AlgorithmContext:
     """What every algorithm is built from, as the config says; `block_size`: the plan's
-    (`mcfl.plan.RunPlan.train_block`)."""
+    (`mcfl.runs.execution.RunPlan.train_block`)."""
     return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1,
                             config.client_store_dtype, block_size)
 

@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.engine import ClientStats, LocalTraining
+from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
-from mcfl.sampling import sample_clients
 from mcfl.transforms import IDENTITY, MessageTransform
 
 State = Any

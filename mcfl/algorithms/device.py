@@ -1,7 +1,7 @@
 """An algorithm run on the device: its state, its clients' rows and the transform's state in one
 pytree, rounds as one jittable function, evaluation.
 
-`on_device(algorithm, transform)` gives what a run's program compiles (`mcfl.program`) and
+`on_device(algorithm, transform)` gives what a run's program compiles (`mcfl.runs.program`) and
 what the Python API offers below `mcfl.run`:
 
 * ``init(data, key, hp) -> DeviceState``: the algorithm's state, every client's row of its
@@ -10,7 +10,7 @@ what the Python API offers below `mcfl.run`:
   (a), `FederatedAlgorithm.participants`), their rows gathered, the round run with them in its
   `Exchange`, the trained rows scattered back.
 
-A host or disk store (`mcfl.store.program`) runs the same algorithm round on rows it reads
+A host or disk store (`mcfl.runs.stored_program`) runs the same algorithm round on rows it reads
 itself, so both give the same numbers. `scan_rounds` runs many rounds as one `lax.scan`.
 """
 

@@ -80,8 +80,8 @@ from mcfl.algorithms.cold_start import (
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
 from mcfl.engine import occasional_cond, segment_mean, train_and_aggregate
+from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
-from mcfl.sampling import sample_clients
 from mcfl.settings import setting
 
 MEASURES = ("edc", "madc", "random")

@@ -41,7 +41,7 @@ from mcfl.engine import (
     sums_over_client_rows,
     train_and_collect,
 )
-from mcfl.sampling import sample_clients
+from mcfl.engine.sampling import sample_clients
 from mcfl.settings import setting
 
 INITS = ("random", "kmeans++")

@@ -43,7 +43,7 @@ from mcfl.engine import (
     gradient_of_client,
     map_clients,
 )
-from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
+from mcfl.engine.client_data import CLIENT_ROWS_CHUNK
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.settings import setting
 

@@ -36,7 +36,7 @@ class AlgorithmContext(NamedTuple):
     clients_per_round: int
     num_clusters: int = 1
     store_dtype: str = "float32"  # the dtype per-client rows are stored in (mcfl.store)
-    block_size: Optional[int] = None  # clients per vmapped block (mcfl.plan)
+    block_size: Optional[int] = None  # clients per vmapped block (mcfl.runs.execution)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
-from mcfl.permutation import permute
-from mcfl.sampling import sample_clients
+from mcfl.engine.permutation import permute
+from mcfl.engine.sampling import sample_clients
 
 SCHEDULES = ("random", "round_robin_first")
 

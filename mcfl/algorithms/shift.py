@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
 from mcfl.data.federated import FederatedData, client_label_counts
 from mcfl.engine import occasional_cond
-from mcfl.sampling import sample_clients
+from mcfl.engine.sampling import sample_clients
 
 
 class Layout(flax.struct.PyTreeNode):

@@ -55,7 +55,7 @@ from mcfl.engine import (
     occasional_cond,
     train_and_collect,
 )
-from mcfl.engine.client_rows import full_gradient
+from mcfl.engine.client_data import full_gradient
 from mcfl.settings import setting
 
 

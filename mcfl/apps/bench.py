@@ -27,11 +27,11 @@ from typing import Optional
 
 import jax
 
-from mcfl import atomic
 from mcfl.apps.bench_point import CLUSTERING, Point, point_settings, training_config
 from mcfl.errors import ConfigError, choice_error
-from mcfl.figures import save_figure
-from mcfl.run_folder import json_safe
+from mcfl.files import atomic
+from mcfl.files.figures import save_figure
+from mcfl.files.run_folder import json_safe
 from mcfl.settings import split_list
 
 DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
@@ -55,7 +55,7 @@ def failure_message(returncode: int, stderr: str) -> str:
 
 def child_env() -> dict[str, str]:
     """The environment of a child: this one, with mcfl importable even when not installed."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the mcfl package
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
@@ -130,7 +130,7 @@ def machine_info() -> dict:
 
 
 def write_json(path: Path, document: dict) -> None:
-    """Write `document` to `path` whole (`mcfl.atomic`), so a reader never sees half."""
+    """Write `document` to `path` whole (`mcfl.files.atomic`), so a reader never sees half."""
     atomic.write_json(path, json_safe(document))
 
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional
 
-from mcfl import atomic
 from mcfl.apps.bench import (
     child_env,
     failure_message,
@@ -32,7 +31,8 @@ from mcfl.apps.bench import (
 from mcfl.apps.bench_point import Point, measure_point, point_settings
 from mcfl.config import from_dict, load_file
 from mcfl.errors import McflError
-from mcfl.runner import run
+from mcfl.files import atomic
+from mcfl.runs.runner import run
 
 SUITES = ("accelerator",)
 TABLE_CELLS = ("fedavg", "ifca", "flexcfl")

@@ -48,10 +48,10 @@ from mcfl.apps.plan_command import cmd_plan
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.data.export import FORMATS
 from mcfl.errors import ConfigError, McflError
-from mcfl.memory import out_of_memory
+from mcfl.planning.memory import out_of_memory
+from mcfl.planning.targets import DEFAULT as DEFAULT_TARGETS
+from mcfl.planning.targets import NAMES
 from mcfl.settings import TextParser
-from mcfl.targets import DEFAULT as DEFAULT_TARGETS
-from mcfl.targets import NAMES
 
 
 def _add_bench_flags(parser: argparse.ArgumentParser) -> None:
@@ -284,7 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("mcfl: interrupted; rounds finished so far are in the output folder", file=sys.stderr)
         return 130
-    except OSError as e:  # a file mcfl does not write through mcfl.atomic (a cache, a plot)
+    except OSError as e:  # a file mcfl does not write through mcfl.files.atomic (a cache, a plot)
         if e.errno not in WRITE_FAULTS:
             raise
         where = f" {e.filename!r}" if e.filename else ""

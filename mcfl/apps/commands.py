@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mcfl import checkpoint, distributed, models, reproduce, tracking
+from mcfl import models, reproduce, tracking
 from mcfl.apps import bench
 from mcfl.apps.bench_point import FEATURES
 from mcfl.apps.bench_suite import run_suite
@@ -24,11 +24,13 @@ from mcfl.data import load_dataset
 from mcfl.data.describe import describe
 from mcfl.data.export import export_dataset
 from mcfl.errors import ConfigError
-from mcfl.figures import check_figure_path
-from mcfl.resume import resume_settings
-from mcfl.run_folder import SETTINGS_FILE, check_target
-from mcfl.runner import run
-from mcfl.select_k import select_k
+from mcfl.files import checkpoint
+from mcfl.files.figures import check_figure_path
+from mcfl.files.resume import resume_settings
+from mcfl.files.run_folder import SETTINGS_FILE, check_target
+from mcfl.runs.runner import run
+from mcfl.runs.select_k import select_k
+from mcfl.runtime import distributed
 from mcfl.settings import split_list
 from mcfl.sweeps import sweep
 from mcfl.sweeps.spec import parse_grid

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from mcfl.errors import DataError
-from mcfl.figures import save_figure
-from mcfl.run_folder import load_run
+from mcfl.files.figures import save_figure
+from mcfl.files.run_folder import load_run
 
 
 def _numbers(row: dict[str, str]) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
-from mcfl.figures import plot_runs
-from mcfl.runner import run
+from mcfl.files.figures import plot_runs
+from mcfl.runs.runner import run
 
 
 class Experiment(NamedTuple):

@@ -10,7 +10,7 @@ import numpy as np
 
 from mcfl.data.describe import label_counts
 from mcfl.data.federated import FederatedDataset
-from mcfl.figures import save_figure
+from mcfl.files.figures import save_figure
 
 
 def format_description(d: dict[str, Any]) -> str:

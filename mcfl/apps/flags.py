@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from mcfl import compile_cache, settings
+from mcfl import settings
 from mcfl.algorithms import registry
 from mcfl.config import OWNER, SHARED_FIELDS, RunConfig, all_keys, from_dict, load_file
 from mcfl.data.cache import default_cache_dir
 from mcfl.data.settings import DataSettings
 from mcfl.errors import ConfigError
+from mcfl.runtime import compile_cache
 
 # `mcfl data describe / plot`: the data settings and the seed their data seed defaults to
 DATA_FLAGS = ("seed", *settings.fields_of(DataSettings))

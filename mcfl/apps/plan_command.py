@@ -1,5 +1,6 @@
 """`mcfl plan`: what a run needs (work, memory, sizes) and, for each named machine, whether it
-fits and the least time a round and the run can take there (`mcfl.estimate`), without training.
+fits and the least time a round and the run can take there (`mcfl.planning.estimate`),
+without training.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-from mcfl import memory
 from mcfl.apps.flags import cache_dir_from_args, config_from_args
 from mcfl.errors import choice_error
-from mcfl.estimate import RunEstimate, TargetBound, bound_on, estimate_run
+from mcfl.planning import memory
+from mcfl.planning.estimate import RunEstimate, TargetBound, bound_on, estimate_run
+from mcfl.planning.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
 from mcfl.settings import split_list
-from mcfl.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
 
 
 def parse_targets(text: Optional[Sequence[str]]) -> tuple[str, ...]:

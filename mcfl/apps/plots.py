@@ -1,6 +1,6 @@
 """`mcfl plot clusters RUN_DIR`: the clients' local models in two dimensions, coloured by the
 cluster the run assigned them to and marked by their planted cluster where the data has one
-(FeSEM's Fig. 3). Reads the run folder's clients_pca.npz (`mcfl.embedding`)."""
+(FeSEM's Fig. 3). Reads the run folder's clients_pca.npz (`mcfl.runs.embedding`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from mcfl.errors import DataError
-from mcfl.figures import save_figure
+from mcfl.files.figures import save_figure
 
 MARKERS = "o^sDvP*Xh<>p"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mcfl.atomic import write_csv, write_json
-from mcfl.figures import save_figure
-from mcfl.run_folder import json_safe
+from mcfl.files.atomic import write_csv, write_json
+from mcfl.files.figures import save_figure
+from mcfl.files.run_folder import json_safe
 
 
 def write_select_k(out: Path, found: dict, config) -> None:

@@ -36,7 +36,7 @@ def _sign_flip(u: jax.Array) -> jax.Array:
 def left_singular_from_gram(gram: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """``u [n, k], s [k]`` of the top-k singular triplets of an x [n, d] given only its Gram
     matrix ``x x^T`` [n, n] (`truncated_svd`'s u and s for n <= d, with its signs): for a
-    matrix read in column blocks (``x x^T`` is a sum over them), `mcfl.embedding`."""
+    matrix read in column blocks (``x x^T`` is a sum over them), `mcfl.runs.embedding`."""
     s, u = _top_eigenpairs(gram, k)
     return u * _sign_flip(u), s
 

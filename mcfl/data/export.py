@@ -33,16 +33,16 @@ from typing import IO, Any, Optional
 
 import numpy as np
 
-from mcfl import atomic
 from mcfl.data.federated import FederatedDataset, from_splits
 from mcfl.errors import DataError
+from mcfl.files import atomic
 
 FORMATS = ("leaf", "npz")
 MANIFEST = "mcfl_export.json"
 TRUE_CLUSTER = "true_cluster.json"
 
 
-def client_rows(dataset: FederatedDataset, split: str) -> list[np.ndarray]:
+def row_indices_of_clients(dataset: FederatedDataset, split: str) -> list[np.ndarray]:
     """Each client's row indices of `split` ("train" or "test"), in mcfl's stored order."""
     a = dataset.arrays
     order = np.asarray(getattr(a, f"{split}_order"))
@@ -92,7 +92,7 @@ def _write_leaf(dataset: FederatedDataset, folder: Path) -> None:
     a = dataset.arrays
     for split in ("train", "test"):
         x, y = np.asarray(getattr(a, f"x_{split}")), np.asarray(getattr(a, f"y_{split}"))
-        rows = client_rows(dataset, split)
+        rows = row_indices_of_clients(dataset, split)
         (folder / split).mkdir()
         atomic.replace_file(folder / split / "data.json",
                             lambda f, x=x, y=y, rows=rows: _leaf_json(f, ids, x, y, rows))
@@ -121,7 +121,7 @@ def _write_npz(dataset: FederatedDataset, folder: Path) -> None:
     a = dataset.arrays
     arrays: dict[str, np.ndarray] = {}
     for split in ("train", "test"):
-        rows = client_rows(dataset, split)
+        rows = row_indices_of_clients(dataset, split)
         index = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         arrays[f"x_{split}"] = np.asarray(getattr(a, f"x_{split}"))[index]
         arrays[f"y_{split}"] = np.asarray(getattr(a, f"y_{split}"))[index].astype(np.int64)

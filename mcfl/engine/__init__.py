@@ -15,7 +15,7 @@ Modules, one job each (see README, "How the engine works"):
 * `segments`: weighted per-segment sums and means (every aggregation of client models).
 * `clients`: the round primitives every algorithm shares (`train_and_aggregate`,
   `train_and_collect`).
-* `client_rows`: loops over one client's rows in chunks (full-batch gradients).
+* `client_data`: loops over one client's data rows in chunks (full-batch gradients).
 * `evaluate`: per-client evaluation counts.
 
 A primitive that serves one algorithm lives with that algorithm (FedSGD's and FedDANE's
@@ -36,7 +36,7 @@ from mcfl.engine.blocks import (
     reduce_blocks,
     reduce_clients,
 )
-from mcfl.engine.client_rows import (
+from mcfl.engine.client_data import (
     CLIENT_ROWS_CHUNK,
     chunk_rows,
     full_gradient,

@@ -3,7 +3,7 @@ engine (`mcfl.engine.local_train`), the factored path (`mcfl.engine.lowrank`) an
 reference loop.
 
 Client i's epoch e visits its rows in the order of a permutation keyed by
-``fold_in(fold_in(round_key, i), e)`` (`mcfl.permutation`), computed only at the positions a
+``fold_in(fold_in(round_key, i), e)`` (`mcfl.engine.permutation`), computed only at the positions a
 step reads: a round costs what its clients' batches cost, not a shuffle of the population, and
 a client's batches depend on its own key only (not on the other clients, the blocking or the
 sampling).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.permutation import permute
+from mcfl.engine.permutation import permute
 
 
 def epoch_key(round_key: jax.Array, client, epoch) -> jax.Array:

@@ -6,7 +6,7 @@ the clients run together (`vmap`) for as long as the block's longest client. Mem
 block of client outputs (plus the outputs asked for). Under a client mesh
 (`client_mesh`, `jax.set_mesh`) the blocks are dealt over its devices.
 
-How many clients a block holds is the execution plan's choice (`mcfl.plan`), not the
+How many clients a block holds is the execution plan's choice (`mcfl.runs.execution`), not the
 algorithm's: it reaches the round primitives as their `block_size` argument (an algorithm has it
 from its `AlgorithmContext`); where none is given, `default_block_size` applies to the models
 and clients at hand. The block size changes speed and memory, not what is computed (to float
@@ -126,13 +126,14 @@ OCCASIONAL_SCOPE = "mcfl_occasional"
 
 def loop_scope(length_key: str):
     """The name scope of a loop over a client's `length_key` iterations (its local steps, its
-    chunks of rows): `mcfl.cost` finds its loops by it, to count each as often as it runs."""
+    chunks of rows): `mcfl.planning.cost` finds its loops by it, to count each as often as it
+    runs."""
     return jax.named_scope(LOOP_SCOPE + length_key)
 
 
 def occasional_cond(pred, true_fn: Callable, false_fn: Callable, *operands):
     """``lax.cond`` for work a round does only now and then (FlexCFL's newcomers' pre-training,
-    a migration, a clustering round): `mcfl.cost` counts it at its cheaper branch, so a
+    a migration, a clustering round): `mcfl.planning.cost` counts it at its cheaper branch, so a
     round's count stays a lower bound on the rounds that skip it."""
     with jax.named_scope(OCCASIONAL_SCOPE):
         return jax.lax.cond(pred, true_fn, false_fn, *operands)
@@ -143,7 +144,7 @@ def by_length(one_client: Callable, length_key: str, scope: Optional[str] = None
     work in `loop_length` iterations: vmapped over the block with the block's longest
     ``inp[length_key]`` (shorter clients mask their extra iterations); a block of one client
     runs without vmap (whose batch-of-one matmuls are slow on CPU) with its own length and
-    ``alone=True`` (nothing to mask). `scope`: the loop's name for `mcfl.cost` (default
+    ``alone=True`` (nothing to mask). `scope`: the loop's name for `mcfl.planning.cost` (default
     `length_key`)."""
     def block_fn(block):
         with loop_scope(scope or length_key):

@@ -1,6 +1,6 @@
 """Evaluation counts: every client on its own test (or training) rows with the model its
 algorithm gives it, as per-client sums from which accuracy and F1 follow on the host
-(`mcfl.evaluation`). Linear in the rows."""
+(`mcfl.runs.evaluation`). Linear in the rows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import optax
 
 from mcfl.data.federated import FederatedData
 from mcfl.engine.blocks import by_length, map_blocks, map_clients
-from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK, chunk_rows
+from mcfl.engine.client_data import CLIENT_ROWS_CHUNK, chunk_rows
 from mcfl.engine.training import ApplyFn, PyTree, ceil_div
 
 DEFAULT_EVAL_BATCH = 256

@@ -138,8 +138,8 @@ def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
 def steps_key(schedule) -> str:
     """The name of the loop over a client's local steps under `schedule` (anything with
     ``local_epochs``, ``local_steps`` and ``batch_size``: a `LocalTraining`, a `RunConfig`).
-    `mcfl.cost` counts such a loop `mean_steps` times: a pre-training epoch and a round of E
-    epochs are loops of different lengths."""
+    `mcfl.planning.cost` counts such a loop `mean_steps` times: a pre-training epoch and a round
+    of E epochs are loops of different lengths."""
     if schedule.local_steps is not None:
         return f"steps_fixed_{int(schedule.local_steps)}"
     return f"steps_epochs_{int(schedule.local_epochs)}_batch_{int(schedule.batch_size)}"

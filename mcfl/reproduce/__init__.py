@@ -24,9 +24,9 @@ from typing import Any, Optional
 from mcfl.config import RunConfig, from_dict
 from mcfl.data import DATA_FIELDS, load_dataset
 from mcfl.errors import ConfigError, DataError, choice_error
+from mcfl.files.run_folder import prepare_folder
 from mcfl.reproduce.report import REPORT_FILES, ordering_line, table_row, write_report
 from mcfl.reproduce.tables import TABLES, Cell, Table, experiment, get, names
-from mcfl.run_folder import prepare_folder
 from mcfl.sweeps import sweep
 
 __all__ = ["TABLES", "Table", "base_config", "cell_configs", "get", "names", "ordering_line",

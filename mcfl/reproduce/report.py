@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from mcfl.atomic import write_csv, write_json, write_text
 from mcfl.config import RunConfig
-from mcfl.figures import save_figure
+from mcfl.files.atomic import write_csv, write_json, write_text
+from mcfl.files.figures import save_figure
 from mcfl.reproduce.tables import PAPER_RULE, Cell, Metric, Table, experiment
 
 REPORT_FILES = ("reproduce.json", "table.md", "table.csv", "table.png")

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 from mcfl.config import load_file
 from mcfl.errors import choice_error
-from mcfl.records import PAPER_SCORE as SCORE
+from mcfl.runs.records import PAPER_SCORE as SCORE
 
 PaperValue = Union[None, float, tuple[Optional[float], ...]]
 

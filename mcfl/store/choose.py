@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import memory
 from mcfl.algorithms.stored import to_storage
+from mcfl.planning import memory
 
 # The share of free memory stored rows may take on the device or the host.
 FIT_SHARE = 0.5

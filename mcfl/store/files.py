@@ -21,8 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from mcfl import faults
-from mcfl.atomic import WriteError
+from mcfl.files import faults
+from mcfl.files.atomic import WriteError
 
 SUFFIX = ".row"
 SHARD = 4096  # clients a sub-folder holds, so that no folder has a million entries

@@ -20,17 +20,18 @@ from typing import Any, Optional
 
 import jax
 
-from mcfl import atomic, distributed
 from mcfl.config import RunConfig
 from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError
-from mcfl.loop import LoopHooks, run_rounds
+from mcfl.files import atomic
+from mcfl.files.run_folder import check_target, prepare_folder
 from mcfl.models.build import model_label
-from mcfl.plan import client_mesh, plan_run
-from mcfl.program import RoundProgram, member_mesh
-from mcfl.records import MemberRecord
-from mcfl.run_folder import check_target, prepare_folder
-from mcfl.store import run_program
+from mcfl.runs.execution import client_mesh, plan_run
+from mcfl.runs.loop import LoopHooks, run_rounds
+from mcfl.runs.program import RoundProgram, member_mesh
+from mcfl.runs.records import MemberRecord
+from mcfl.runs.stored_program import run_program
+from mcfl.runtime import distributed
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.observed import Followers, check_factories, later_columns

@@ -1,11 +1,11 @@
 """A sweep group's members as one program, in chunks that fit in memory.
 
 Every member of a group shares the config up to its seed and the group's traced settings
-(`mcfl.sweeps.spec`), so one `mcfl.program.RoundProgram` with a member axis trains them all:
+(`mcfl.sweeps.spec`), so one `mcfl.runs.program.RoundProgram` with a member axis trains them all:
 the algorithm is built once, and each member's hyperparameters are made inside the program
 from its values of the traced settings; the member axis leads those values, the algorithm
 state and the keys, while the dataset enters unbatched (one copy, shared). The rounds run in
-the loop a single run uses (`mcfl.loop`), so a member's rows equal its single run's to float
+the loop a single run uses (`mcfl.runs.loop`), so a member's rows equal its single run's to float
 rounding (tests/test_sweeps.py).
 
 Members run in chunks of `members_per_chunk`: the largest count whose compiled programs
@@ -13,7 +13,7 @@ Members run in chunks of `members_per_chunk`: the largest count whose compiled p
 temporaries), at most the memory budget; the last chunk is padded with copies of its last
 member so that every chunk reuses the same programs.
 
-On several devices the member axis is dealt over them (`mcfl.program.member_mesh`, a
+On several devices the member axis is dealt over them (`mcfl.runs.program.member_mesh`, a
 `shard_map` over members): each device trains whole members, with no communication between
 devices, and the chunk is a multiple of the device count. (Members of client-sharded runs, a
 vmap over the engine's client `shard_map`, fail to transpose in JAX 0.10; members are the
@@ -28,9 +28,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from mcfl.memory import device_available
-from mcfl.plan import run_keys
-from mcfl.program import RoundProgram
+from mcfl.planning.memory import device_available
+from mcfl.runs.execution import run_keys
+from mcfl.runs.program import RoundProgram
 from mcfl.sweeps.spec import Member
 
 # Share of the free memory a chunk's programs may use (the rest: the dataset's own arrays,
@@ -48,7 +48,7 @@ def default_width() -> Optional[int]:
 
 def memory_budget() -> int:
     """Bytes a chunk's programs may take: a share of the device's free memory (on CPU, of the
-    host's available memory; `mcfl.memory`)."""
+    host's available memory; `mcfl.planning.memory`)."""
     return int(MEMORY_SHARE * device_available())
 
 

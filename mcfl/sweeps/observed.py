@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from mcfl.errors import ConfigError
-from mcfl.records import MemberRecord
-from mcfl.runner import RunResult
+from mcfl.runs.records import MemberRecord
+from mcfl.runs.runner import RunResult
 from mcfl.sweeps import tables
 from mcfl.sweeps.spec import Member
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from mcfl.figures import save_figure
-from mcfl.records import EVAL_KEYS, PAPER_SCORE, outcome
+from mcfl.files.figures import save_figure
+from mcfl.runs.records import EVAL_KEYS, PAPER_SCORE, outcome
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
     PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi")

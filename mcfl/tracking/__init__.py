@@ -7,7 +7,7 @@ numbers at step = the round (``cluster_sizes``, a text, stays in rounds.csv); at
 logs the summary's numbers (as ``summary/KEY``; W&B: the run's summary) and its status, and
 for a completed run the plots. Plots are made when a run completes (its run folder's
 curves.png is written after the observers hear of it, and a run without a folder has none),
-so each tracker renders what `mcfl.figures` draws from the result, the accuracy and loss
+so each tracker renders what `mcfl.files.figures` draws from the result, the accuracy and loss
 curves, into a temporary folder and logs that PNG; the clients' cluster plot
 (`mcfl plot clusters`) is made on demand from the run folder and is not logged.
 

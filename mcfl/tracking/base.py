@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mcfl.errors import ConfigError, McflError
-from mcfl.figures import plot_curves, title_of
-from mcfl.runner import RunObserver
+from mcfl.files.figures import plot_curves, title_of
+from mcfl.runs.runner import RunObserver
 
 
 def require(kind: str, module: str) -> None:

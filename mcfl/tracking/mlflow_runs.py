@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from mcfl.run_folder import json_safe
+from mcfl.files.run_folder import json_safe
 from mcfl.tracking.base import Tracker, hyperparameters, summary_metrics
 
 DEFAULT_URI = "mlruns"

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mcfl.atomic import replace_file
 from mcfl.errors import McflError
+from mcfl.files.atomic import replace_file
 
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -33,7 +33,7 @@ def save_figure(fig, path: Path) -> Path:
 
     check_figure_path(path, "the figure")
     fig.tight_layout()
-    try:  # written whole (mcfl.atomic): a stop never leaves half an image
+    try:  # written whole (mcfl.files.atomic): a stop never leaves half an image
         replace_file(path, lambda f: fig.savefig(f, format=path.suffix[1:].lower(), dpi=110))
     finally:
         plt.close(fig)

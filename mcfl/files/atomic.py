@@ -20,8 +20,8 @@ from typing import IO, Any, Optional
 
 import numpy as np
 
-from mcfl import faults
 from mcfl.errors import McflError
+from mcfl.files import faults
 
 TEMPORARY_SUFFIX = ".mcfl-tmp"
 

@@ -4,7 +4,8 @@ A run folder holds run.json (the settings a resumed run needs, written at its st
 summary.json (the config, the final and best scores, timings, status), rounds.csv (one row per
 round, appended as the run goes, so a stopped run keeps its rounds), clients.csv (one row per
 client), curves.png, and for clustered runs assignments.npz and clients_pca.npz; checkpoints/
-holds the run's checkpoint (`mcfl.checkpoint`). Every file is written whole (`mcfl.atomic`).
+holds the run's checkpoint (`mcfl.files.checkpoint`). Every file is written whole
+(`mcfl.files.atomic`).
 `RunFolder` is the observer `mcfl.run(config, out_dir=...)` writes through; `load_run` reads a
 folder back (`mcfl compare`). A folder holding a run is never mixed with another
 (`check_target`), and a run replacing another (--overwrite) takes its place only once it has
@@ -25,10 +26,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mcfl import atomic, faults
-from mcfl.atomic import WriteError
 from mcfl.errors import DataError, McflError
-from mcfl.figures import plot_curves, title_of
+from mcfl.files import atomic, faults
+from mcfl.files.atomic import WriteError
+from mcfl.files.figures import plot_curves, title_of
 
 
 def json_safe(value):
@@ -244,7 +245,7 @@ def round_columns(first_row: dict[str, Any], later_columns=()) -> list[str]:
 
 class RoundWriter:
     """rounds.csv, growing one row per round as the run goes. The file appears whole with its
-    header and first row (`mcfl.atomic`); each later row is appended in one write, so a kill
+    header and first row (`mcfl.files.atomic`); each later row is appended in one write, so a kill
     keeps every row written; a row a full disk cut short is cut off again (the file always
     ends at a row's end) and the failure raised as `WriteError`."""
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
-from mcfl.evaluation import ClientMetrics
+from mcfl.runs.evaluation import ClientMetrics
 
 EVAL_KEYS = ("accuracy_micro", "accuracy_macro", "f1_micro", "f1_macro")
 PAPER_SCORE = "paper_best_accuracy_micro"
@@ -110,7 +110,7 @@ def divergence_message(config: RunConfig, row: dict[str, Any],
 
 def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, started: float,
             plan, status: str) -> dict[str, Any]:
-    """summary.json of a run (`plan`: its `mcfl.plan.RunPlan`)."""
+    """summary.json of a run (`plan`: its `mcfl.runs.execution.RunPlan`)."""
     rows, round_seconds = record.rows, record.round_seconds
     out: dict[str, Any] = {
         "status": status,
@@ -143,8 +143,8 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
     return out
 
 
-def client_rows(dataset: FederatedDataset, metrics: ClientMetrics,
-                assignment: Optional[np.ndarray] = None) -> list[dict[str, Any]]:
+def client_table(dataset: FederatedDataset, metrics: ClientMetrics,
+                 assignment: Optional[np.ndarray] = None) -> list[dict[str, Any]]:
     """clients.csv: each client's sizes, accuracy and F1, and its cluster (and planted one)."""
     n_train = dataset.train_counts()
     rows = []

@@ -2,7 +2,7 @@
 
 Every stop can be resumed (`resume_settings`): before the run's first checkpoint it starts
 again from round 1, after its last round's checkpoint only its final files are written (see
-`mcfl.runner.run`); a folder whose run completed, or that holds no run, is refused in one line.
+`mcfl.runs.runner.run`); a folder whose run completed, or that holds no run, is refused in one line.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mcfl import atomic, checkpoint
 from mcfl.config import RunConfig
 from mcfl.errors import ConfigError, McflError
-from mcfl.records import MemberRecord
-from mcfl.run_folder import SETTINGS_FILE, read_settings, recover_replacement, run_status
+from mcfl.files import atomic, checkpoint
+from mcfl.files.run_folder import SETTINGS_FILE, read_settings, recover_replacement, run_status
+from mcfl.runs.records import MemberRecord
 
 
 def resume_settings(run_dir: Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The round program: one config's initialisation, rounds and evaluation as compiled programs.
 
-Built from a config and its plan (`mcfl.plan`), as purejaxrl's ``make_train(config)`` is:
+Built from a config and its plan (`mcfl.runs.execution`), as purejaxrl's ``make_train(config)`` is:
 `RoundProgram` builds the algorithm once (`mcfl.algorithms.build_algorithm`, with the plan's
 block size in its context), runs it on the device (`mcfl.algorithms.device.on_device`, with
 the run's message transform) and gives three jittable functions of the *traced values* (a
@@ -20,7 +20,7 @@ With ``members=True`` every function takes a leading member axis on the values, 
 keys (the data is shared): the members of a sweep run side by side (vmapped) or one after
 another in the same program (`over_members`), dealt over the devices of a member mesh.
 `mcfl.run` is the one-member case without that axis. The host loop over the rounds is
-`mcfl.loop`.
+`mcfl.runs.loop`.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl.algorithms.device import evaluation_counts, on_device, scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
-from mcfl.evaluation import ClientMetrics, client_metrics
-from mcfl.loop import round_chunks
-from mcfl.plan import RunPlan
+from mcfl.runs.evaluation import ClientMetrics, client_metrics
+from mcfl.runs.execution import RunPlan
+from mcfl.runs.loop import round_chunks
 from mcfl.transforms import IDENTITY, MessageTransform
 
 MEMBER_AXIS = "members"
@@ -247,7 +247,7 @@ class RoundProgram:
     start_streamed = False  # init trains every client through a host or disk store
 
     # What a checkpoint saves and restores beyond the state: nothing here; a client store's
-    # manifest for `mcfl.store.program.StoredProgram`.
+    # manifest for `mcfl.runs.stored_program.StoredProgram`.
     def checkpoint_state(self, round_: int, state):
         return state
 

@@ -1,11 +1,11 @@
 """`mcfl.run(config)`: build the data, model and algorithm a config names and train it.
 
-A run is the one-member case of the round program (`mcfl.program`) driven by the round loop
-(`mcfl.loop`) that sweeps use too. What is a run's own lives here: its folder and observers,
+A run is the one-member case of the round program (`mcfl.runs.program`) driven by the round loop
+(`mcfl.runs.loop`) that sweeps use too. What is a run's own lives here: its folder and observers,
 checkpoints and resume, the profiler, the final summary, clients.csv and the clients' 2-D
 embedding. The training loop prints and writes nothing: it tells its observers
 (`RunObserver`) about each round, the end and any stop, and a `progress` callback about each
-round. `mcfl.run(config, out_dir=...)` adds the run-folder observer of `mcfl.run_folder`,
+round. `mcfl.run(config, out_dir=...)` adds the run-folder observer of `mcfl.files.run_folder`,
 under which rounds.csv grows one row per round as the run goes, so a run that stops early
 (NaN, Ctrl-C) keeps every round it finished.
 """
@@ -22,22 +22,26 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from mcfl import checkpoint, distributed, engine, faults, memory, records
+from mcfl import engine
 from mcfl.algorithms import hyperparams
-from mcfl.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.config import RunConfig, from_dict
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
-from mcfl.embedding import embedding_for_run
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
-from mcfl.loop import LoopHooks, client_scores, run_rounds
+from mcfl.files import checkpoint, faults
+from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
+from mcfl.files.resume import restore, resume_settings, resumed_config
+from mcfl.files.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 from mcfl.models.build import model_label
-from mcfl.plan import RunPlan, client_mesh, plan_run, run_keys
-from mcfl.program import RoundProgram
-from mcfl.records import MemberRecord
-from mcfl.resume import restore, resume_settings, resumed_config
-from mcfl.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
+from mcfl.planning import memory
+from mcfl.runs import records
+from mcfl.runs.embedding import embedding_for_run
+from mcfl.runs.execution import RunPlan, client_mesh, plan_run, run_keys
+from mcfl.runs.loop import LoopHooks, client_scores, run_rounds
+from mcfl.runs.program import RoundProgram
+from mcfl.runs.records import MemberRecord
+from mcfl.runs.stored_program import announce, run_program
+from mcfl.runtime import distributed
 from mcfl.store import FOLDER as STORE_FOLDER
-from mcfl.store import announce, run_program
 from mcfl.transforms import MessageTransform
 
 
@@ -53,7 +57,7 @@ class RunResult:
     # [E, C] cluster of every client after each evaluated round, and those rounds [E]
     assignments: Optional[np.ndarray] = None
     assignment_rounds: Optional[np.ndarray] = None
-    # clustered runs: sampled clients' local models in 2-D (mcfl.embedding), as NumPy arrays
+    # clustered runs: sampled clients' local models in 2-D (mcfl.runs.embedding), as NumPy arrays
     client_embedding: Optional[dict[str, np.ndarray]] = None
     # every client's row of the algorithm's per-client state [C, ...] (in the store's dtype)
     # when the device held them; None when it keeps none or a host or disk store held them
@@ -102,18 +106,19 @@ def run(
     transform: Optional[MessageTransform] = None,
 ) -> RunResult:
     """Train `config` and return its results; write them under `out_dir` if given (through
-    `mcfl.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
+    `mcfl.files.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
     run is refused (`McflError`, before anything runs) unless `overwrite`: the new run then
     replaces the old one's files once it has its first checkpoint (`run_folder.RunTarget`).
-    A run that cannot fit in memory is refused before it is built (`mcfl.memory`).
+    A run that cannot fit in memory is refused before it is built (`mcfl.planning.memory`).
 
-    A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints`` (`mcfl.checkpoint`):
-    every `checkpoint_every` rounds (default: every 5 minutes), at the end, and when SIGINT or
-    SIGTERM stops it (at the end of the round, or of the scanned chunk, under way).
+    A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints``
+    (`mcfl.files.checkpoint`): every `checkpoint_every` rounds (default: every 5 minutes), at
+    the end, and when SIGINT or SIGTERM stops it (at the end of the round, or of the scanned
+    chunk, under way).
     ``run(resume=RUN_DIR)`` continues the run stopped there, with the settings saved in its
     run.json (`config`, if given, must equal its config; `checkpoint_every` defaults to the
     run's), writing to RUN_DIR; its rounds and summary equal the uninterrupted run's apart from
-    timings (`mcfl.resume`).
+    timings (`mcfl.files.resume`).
 
     `model` trains a model of the user's instead of ``config.model``: a flax module whose
     ``__call__(x)`` returns logits, a factory ``(feature_shape, num_classes, **args) ->
@@ -354,7 +359,7 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     last = len(chunks) - 1
     profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
     # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
-    # state is whole and can be checkpointed (mcfl.checkpoint.StopRequests).
+    # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
     stop_requests = StopRequests() if checkpoints is not None else None
     hooks = _RunHooks(observers, profile_dir, profiled if profile_dir else range(0), save,
                       output, stop_requests, config.rounds)
@@ -379,7 +384,7 @@ def _run_program(program, store, config, dataset, started, observers, profile_di
     faults.point("finished")  # the last checkpoint is written, the final files not yet
     summary = summary_with("completed")
     final_assignment = record.assignments[-1] if record.assignments else None
-    clients = records.client_rows(dataset, record.client_metrics, final_assignment)
+    clients = records.client_table(dataset, record.client_metrics, final_assignment)
     stacked = np.stack(record.assignments) if record.assignments else None
     embedding = None
     if program.clustered and config.embed_clients > 0:

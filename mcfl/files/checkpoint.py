@@ -32,10 +32,10 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
-from mcfl import faults
-from mcfl.atomic import WriteError
 from mcfl.errors import McflError
-from mcfl.memory import resident_bytes
+from mcfl.files import faults
+from mcfl.files.atomic import WriteError
+from mcfl.planning.memory import resident_bytes
 
 FOLDER = "checkpoints"
 # Default interval when no --checkpoint-every is given: a checkpoint costs a write of the

@@ -13,14 +13,15 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 
-from mcfl import distributed, engine
+from mcfl import engine
 from mcfl.algorithms import local_training
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
+from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError, DataError
 from mcfl.models import count_params, make_model
 from mcfl.models.build import model_of
-from mcfl.sampling import resolve_clients_per_round
+from mcfl.runtime import distributed
 
 
 class RunPlan(NamedTuple):

@@ -22,8 +22,8 @@ import numpy as np
 
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
-from mcfl.evaluation import aggregate, client_metrics
-from mcfl.records import MemberRecord, add_communication, cluster_metrics
+from mcfl.runs.evaluation import aggregate, client_metrics
+from mcfl.runs.records import MemberRecord, add_communication, cluster_metrics
 
 
 def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int, int]]:
@@ -55,10 +55,11 @@ class LoopHooks:
 def run_rounds(program, config: RunConfig, dataset: FederatedDataset, state, values, rounds_keys,
                records: Sequence[MemberRecord], chunks: Sequence[tuple[int, int]],
                hooks: Optional[LoopHooks] = None, keep: bool = False):
-    """Run `chunks` of rounds of `program` (`mcfl.program.RoundProgram`) from `state`, adding to
-    each member's record; returns the final state. `config` is the members' shared config (the
-    schedule of evaluations). With `keep`, each record also keeps every evaluated round's
-    assignments and the last evaluation's per-client metrics (a run's files need them)."""
+    """Run `chunks` of rounds of `program` (`mcfl.runs.program.RoundProgram`) from `state`,
+    adding to each member's record; returns the final state. `config` is the members' shared
+    config (the schedule of evaluations). With `keep`, each record also keeps every evaluated
+    round's assignments and the last evaluation's per-client metrics (a run's files need
+    them)."""
     hooks = hooks or LoopHooks()
     data = dataset.arrays
     params_count = program.plan.params_count

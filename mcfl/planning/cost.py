@@ -20,7 +20,7 @@ the longest client's of its block, known only when the round runs. The engine ru
 a name scope (`mcfl.engine.blocks.loop_scope`; a local-step loop is named by its schedule,
 `mcfl.engine.training.steps_key`, so one epoch of pre-training is not counted as a round's E),
 and `trips` gives the mean count of each, which the caller knows from the data
-(`mcfl.estimate`): the mean, not the block's longest, so the count stays a lower bound. (A
+(`mcfl.planning.estimate`): the mean, not the block's longest, so the count stays a lower bound. (A
 client told to stop before its schedule's end, a FlexCFL newcomer going on after its
 pre-training epoch, is counted at its schedule's length.) Any other ``while`` loop (k-means
 until it converges) is counted once and reported in `Cost.while_loops`.

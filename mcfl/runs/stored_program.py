@@ -1,6 +1,7 @@
-"""The round program of a run whose clients' rows live in a host or disk store.
+"""The round program of a run whose clients' rows live in a host or disk store, and the choice
+between it and the device's (`run_program`).
 
-`StoredProgram` answers what `mcfl.loop` and the runner ask of a `RoundProgram` (init, rounds,
+`StoredProgram` answers what `mcfl.runs.loop` and the runner ask of a `RoundProgram` (init, rounds,
 evaluate, compile, checkpoint), with the algorithm's state on the device and its clients' rows
 (`mcfl.algorithms.base.ClientState`) in the store. A round:
 
@@ -29,6 +30,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -48,8 +51,12 @@ from mcfl.algorithms.stored import (
 )
 from mcfl.config import RunConfig
 from mcfl.engine import EvalCounts
-from mcfl.plan import RunPlan
-from mcfl.program import RoundProgram, over_members
+from mcfl.errors import ConfigError
+from mcfl.runs.execution import RunPlan
+from mcfl.runs.program import RoundProgram, over_members, round_program
+from mcfl.runtime import distributed
+from mcfl.store import FOLDER
+from mcfl.store.choose import StoreChoice, choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.start import streamed_start
 from mcfl.store.stores import make_store
@@ -371,3 +378,38 @@ class StoredProgram(RoundProgram):
 def _members_in(upcoming: np.ndarray, current: np.ndarray) -> np.ndarray:
     """[M, S] whether each upcoming client is one of its member's current clients."""
     return np.stack([np.isin(u, c) for u, c in zip(upcoming, current)])
+
+
+def announce(choice: StoreChoice) -> None:
+    """Say on stderr which store a run uses and why, unless it is the device."""
+    if choice.kind != "device":
+        print(f"mcfl: client store: {choice.kind} ({choice.reason})", file=sys.stderr)
+
+
+def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
+                jit_options: Optional[dict] = None, members: bool = False, traced=(),
+                member_count: int = 1, mesh=None, width=None, transform=None
+                ) -> tuple[RoundProgram, StoreChoice]:
+    """The program of `config` with the client store it asks for (a disk store in
+    ``run_dir/client_store``, or without a run folder a temporary folder the program removes
+    when closed), and the store chosen. `transform`: the run's message transform."""
+    extra = () if transform is None else (transform,)
+    device = round_program(config, plan, data, traced, members, mesh, width, jit_options,
+                           *extra)
+    choice = choose_store(config.client_store, device.algorithm, config.algorithm,
+                          hyperparams(config, plan.model), data, member_count)
+    if choice.kind == "device":
+        return device, choice
+    if distributed.process_count() > 1:
+        raise ConfigError(f"client_store={choice.kind!r} ({choice.reason}) runs in one "
+                          f"process; a multi-process run keeps client state on the devices")
+    temporary = run_dir is None and choice.kind == "disk"
+    folder = (Path(tempfile.mkdtemp(prefix="mcfl-store-")) if temporary
+              else None if run_dir is None else Path(run_dir) / FOLDER)
+    if config.scan_rounds:
+        choice = choice._replace(reason=f"{choice.reason}; its rounds run one at a time "
+                                 f"(scan_rounds needs the client state on the device)")
+    program = StoredProgram(config, plan, choice.kind, folder, traced, members, mesh, width,
+                            jit_options, transform)
+    program.temporary = temporary
+    return program, choice

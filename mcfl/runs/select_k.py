@@ -21,7 +21,7 @@ from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset, load_dataset
 from mcfl.data.federated import subset_clients
 from mcfl.errors import ConfigError
-from mcfl.runner import run
+from mcfl.runs.runner import run
 
 
 def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, rounds: int = 3,

@@ -26,14 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl import memory
 from mcfl.algorithms.base import FederatedAlgorithm
 from mcfl.algorithms.clustered import flat_models
 from mcfl.clustering import truncated_svd
 from mcfl.clustering.distances import HIGHEST
 from mcfl.clustering.svd import left_singular_from_gram
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
-from mcfl.sampling import sample_clients
+from mcfl.engine.sampling import sample_clients
+from mcfl.planning import memory
 
 # The one-program path holds the sampled models three times in float32: it is taken when that
 # is at most this share of the device's free memory.

@@ -4,7 +4,7 @@
 run on a host or disk client store is counted on the device program, which does the same work
 with the rows on the device), compiles them for this machine without training, and counts:
 
-* the work of each program (`mcfl.cost`: FLOPs and a lower bound on bytes moved, every loop
+* the work of each program (`mcfl.planning.cost`: FLOPs and a lower bound on bytes moved, every loop
   body counted as often as it runs), beside XLA's own cost analysis, which counts loop bodies
   once;
 * the memory each compiled program holds while it runs here (XLA's memory analysis:
@@ -28,15 +28,15 @@ import jax
 import numpy as np
 
 from mcfl.config import RunConfig
-from mcfl.cost import Cost, program_cost, traced_cost, xla_cost
 from mcfl.data import FederatedDataset, load_dataset, with_all_users
-from mcfl.engine.client_rows import CLIENT_ROWS_CHUNK
+from mcfl.engine.client_data import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
 from mcfl.engine.training import mean_steps
-from mcfl.plan import plan_run, run_keys
-from mcfl.program import footprint, round_program
-from mcfl.store import run_program
-from mcfl.targets import Target
+from mcfl.planning.cost import Cost, program_cost, traced_cost, xla_cost
+from mcfl.planning.targets import Target
+from mcfl.runs.execution import plan_run, run_keys
+from mcfl.runs.program import footprint, round_program
+from mcfl.runs.stored_program import run_program
 
 
 class ProgramEstimate(NamedTuple):
@@ -59,8 +59,8 @@ class RunEstimate(NamedTuple):
     stored_bytes: int  # what the store holds (0: nothing per client)
     programs: tuple[ProgramEstimate, ...]
     backend: str  # where the footprints were measured
-    # a round that does its occasional work (`mcfl.cost`: FlexCFL's newcomers' pre-training,
-    # a migration ...); None when the round has none
+    # a round that does its occasional work (`mcfl.planning.cost`: FlexCFL's newcomers'
+    # pre-training, a migration ...); None when the round has none
     occasional_round: Optional[Cost] = None
 
     def program(self, name: str) -> ProgramEstimate:
@@ -151,10 +151,10 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:
-    """The mean iterations of each client loop (`mcfl.cost`) by its name, from the clients' row
-    counts: local steps of any schedule (`mcfl.engine.training.steps_key`: E x ceil(n_i / B),
-    or a fixed count), chunks of training rows (full-batch gradients) and chunks of test rows
-    (evaluation)."""
+    """The mean iterations of each client loop (`mcfl.planning.cost`) by its name, from the
+    clients' row counts: local steps of any schedule (`mcfl.engine.training.steps_key`: E x
+    ceil(n_i / B), or a fixed count), chunks of training rows (full-batch gradients) and
+    chunks of test rows (evaluation)."""
     train = np.asarray(dataset.train_counts(), np.float64)
     test = np.asarray(dataset.test_counts(), np.float64)
     chunks = {"chunks": float(np.ceil(train / CLIENT_ROWS_CHUNK).mean()),

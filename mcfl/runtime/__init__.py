@@ -1,0 +1,2 @@
+"""Where a run runs: several processes (`distributed`) and JAX's persistent compilation cache
+(`compile_cache`)."""
