@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import mcfl
-from mcfl import engine
 from mcfl.algorithms import hyperparams
 from mcfl.algorithms.stored import to_storage
 from mcfl.data.loaders import load_fmnist
@@ -203,11 +202,11 @@ def embed(args, config, program, store_kind: str, state, data) -> dict:
     training = hyperparams(config, program.plan.model).training
     before = peak_gib()
     t0 = time.perf_counter()
-    with engine.planned_block_size(program.plan.train_block):
-        found, where = embedding_for_run(
-            program.algorithm, training, args.embed, program.plan.params_count, store_kind,
-            getattr(program, "folder", None), state, data.arrays, jax.random.key(1))
-        jax.block_until_ready(found)
+    found, where = embedding_for_run(
+        program.algorithm, training, args.embed, program.plan.params_count, store_kind,
+        getattr(program, "folder", None), program.algorithm_state(state), data.arrays,
+        jax.random.key(1), program.plan.train_block)
+    jax.block_until_ready(found)
     return {"embed_clients": args.embed, "embed_models_gib":
             4 * args.embed * program.plan.params_count / 2**30, "embed_through": where,
             "embed_seconds": time.perf_counter() - t0,

@@ -25,7 +25,6 @@ from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
 from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
 from mcfl.config import from_dict
 from mcfl.engine import RoundClients, train_and_collect
-from mcfl.engine.sampling import round_clients
 from mcfl.reproduce import get
 from mcfl.runs.records import PAPER_SCORE
 
@@ -47,20 +46,21 @@ def first_client_round(context: AlgorithmContext, training_of, identities, prox_
     clients' local training."""
     num_clusters = context.num_clusters
 
-    def round_(state, data, key, hp):
-        sample_key, train_key = jax.random.split(key)
-        clients = round_clients(data, sample_key, context.clients_per_round)
+    def round_(state, data, key, hp, exchange):
+        train_key = jax.random.split(key)[1]
+        clients = exchange.clients
         before = identities(state, data, clients, None, hp)
         start = state.assignment[clients] if before is None else before
         scale = 1.0 if prox_scale is None else prox_scale(data, clients)
-        trained, stats = train_and_collect(training_of(hp), data, train_key, state.models,
-                                           RoundClients(clients, start), scale)
+        trained, stats, exchange = train_and_collect(
+            training_of(hp), data, train_key, state.models, RoundClients(clients, start), scale,
+            exchange=exchange, block_size=context.block_size)
         joined = before if before is not None else identities(state, data, clients, trained, hp)
         models = first_member_models(trained, joined, state.models, num_clusters)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, joined)
         metrics = training_metrics(data.train_counts[clients], stats)
         return state.replace(models=models, assignment=assignment, sizes=sizes,
-                             round=state.round + 1), metrics
+                             round=state.round + 1), metrics, exchange
 
     return round_
 
@@ -78,7 +78,7 @@ def fesem_first_client(context: AlgorithmContext) -> FederatedAlgorithm:
 
     round_ = first_client_round(context, lambda hp: hp.training.replace(mu=2.0 * hp.params.lam),
                                 identities, prox_scale)
-    return base._replace(name="fesem_first_client", round=round_)
+    return base._replace(round=round_)
 
 
 @register("ifca_first_client", IFCAParams, clustered=True, reference="FlexCFL authors' code",
@@ -87,11 +87,12 @@ def ifca_first_client(context: AlgorithmContext) -> FederatedAlgorithm:
     base = ifca(context)
 
     def identities(state, data, clients, trained, hp):
-        losses = losses_of_models(context.model.apply, data, state.models, clients)
+        losses = losses_of_models(context.model.apply, data, state.models, clients,
+                                  block_size=context.block_size)
         return jnp.argmin(losses, axis=1).astype(jnp.int32)
 
     round_ = first_client_round(context, lambda hp: hp.training, identities)
-    return base._replace(name="ifca_first_client", round=round_)
+    return base._replace(round=round_)
 
 
 def main() -> None:

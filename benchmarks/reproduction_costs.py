@@ -22,7 +22,6 @@ import numpy as np
 from mcfl.algorithms import build_algorithm, hyperparams, ifca
 from mcfl.config import from_dict, load_file
 from mcfl.data import load_dataset
-from mcfl.engine import planned_block_size
 from mcfl.engine.sampling import sample_clients
 from mcfl.runs.execution import plan_run
 
@@ -57,11 +56,10 @@ def chunks(sizes: list[int]) -> None:
 
 def fesem_memory() -> None:
     config, dataset, plan = setting("fesem")
-    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
+    algorithm = build_algorithm(config, plan.model, plan.clients_per_round, plan.block_size)
     hp = hyperparams(config, plan.model)
-    with planned_block_size(plan.block_size):
-        compiled = jax.jit(lambda d, k: algorithm.init(d, k, hp)).lower(
-            dataset.arrays, jax.random.key(0)).compile()
+    compiled = jax.jit(lambda d, k: algorithm.init(d, k, hp)).lower(
+        dataset.arrays, jax.random.key(0)).compile()
     m = compiled.memory_analysis()
     print(f"FeSEM start, {dataset.num_clients} clients x {plan.params_count:,} parameters: "
           f"arguments {m.argument_size_in_bytes / 2**30:.2f} GB, outputs "

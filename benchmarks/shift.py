@@ -52,8 +52,8 @@ def main() -> None:
             result = mcfl.run(config, dataset=dataset)
             model = make_model("mclr", dataset.feature_shape, 10)
             algorithm = build_algorithm(config, model, 20)
-            shifted = (dataset.arrays if algorithm.view is None
-                       else algorithm.view(result.state, dataset.arrays))
+            shifted = algorithm.client_models(result.state, dataset.arrays).data
+            shifted = dataset.arrays if shifted is None else shifted
             s = result.summary
             migrated = sum(r.get("migrated_clients", 0) for r in result.rounds)
             print(f"| {shift} | {name} | {s['final_accuracy_micro']:.3f} | "

@@ -337,3 +337,15 @@ def test_a_stopped_run_resumes_from_its_store_without_its_start_again(algorithm,
     monkeypatch.setattr(store_program, "streamed_start", lambda *a: pytest.fail("start again"))
     mcfl.run(resume=tmp_path / "cut")
     assert_same_run(tmp_path / "whole", tmp_path / "cut")
+
+
+def test_the_command_line_runs_a_shifted_local_on_disk(tmp_path, capsys):
+    """`mcfl run --algorithm local --client-store disk --shift swap_all` (refused before the
+    wrappers kept the algorithm's per-client state)."""
+    out = tmp_path / "run"
+    code = main(["run", "--algorithm", "local", "--client-store", "disk", "--shift",
+                 "swap_all", "--shift-prob", "0.5", "--clients", "8", "--rounds", "2",
+                 "--no-cache", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert "client store: disk" in capsys.readouterr().err
+    assert (out / "client_store").is_dir() and (out / "summary.json").is_file()

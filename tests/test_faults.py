@@ -25,7 +25,7 @@ import mcfl
 from mcfl.apps.cli import main
 from mcfl.files import checkpoint, faults
 from mcfl.files.run_folder import run_status
-from mcfl.planning import memory
+from mcfl.runtime import memory
 
 # A clustered run (assignments, embedding) small enough that a process takes ~3 s, with a
 # checkpoint every 2 rounds: many windows (rows, checkpoints, final files) to be killed in.

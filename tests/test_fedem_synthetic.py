@@ -8,7 +8,7 @@ from mcfl.config import RunConfig
 from mcfl.data import build_dataset, fedem_synthetic
 from mcfl.data.fedem_synthetic import generate_fedem_synthetic, label_shares, row_components
 from mcfl.errors import ConfigError, DataError
-from mcfl.planning.memory import data_bytes
+from mcfl.runtime.memory import data_bytes
 
 
 def _draws(seed, clients, components=3, dimension=150):

@@ -62,6 +62,60 @@ def test_every_table_and_cell_is_a_valid_config():
         reproduce.get("nope")
 
 
+
+def test_the_table_files_are_the_tables_reproduce_knows():
+    folder = Path(__file__).resolve().parent.parent / "experiments" / "tables"
+    loaded = reproduce.tables.load_tables(folder)
+    assert sorted(loaded) == sorted(p.stem for p in folder.glob("*.toml"))
+    assert tuple(loaded) == reproduce.names() and loaded == reproduce.TABLES
+
+
+# The smallest table file: one cell with the paper's value, one without ("none")
+TABLE_FILE = """title = "t"
+source = "s"
+setting = "flexcfl_table3_synthetic"
+position = 1
+[full]
+changes = {}
+seeds = 3
+cost = "c"
+[quick]
+changes = {rounds = 2}
+seeds = 1
+cost = "c"
+[[cells]]
+label = "FedAvg"
+changes = {algorithm = "fedavg"}
+paper = 66.9
+[[cells]]
+label = "IFCA"
+changes = {algorithm = "ifca"}
+paper = "none"
+"""
+
+
+def test_a_malformed_table_file_is_refused_naming_the_file_and_the_key(tmp_path):
+    (tmp_path / "mine.toml").write_text(TABLE_FILE)
+    table = reproduce.tables.load_tables(tmp_path)["mine"]
+    assert [c.paper for c in table.cells] == [66.9, None] and table.quick.changes == {"rounds": 2}
+    for old, new, key in (
+            ('seeds = 3', 'seeds = "3"', "full.seeds must be an integer"),
+            ("paper = 66.9", 'paper = "n/a"', "cells[0].paper must be a number"),
+            ("paper = 66.9", "paper = [66.9, 1.0]", "cells[0].paper must hold one value"),
+            ("[quick]", "sedes = 2\n[quick]", "unknown key full.sedes"),
+            ("position = 1\n", "", "missing key position"),
+            ('label = "IFCA"', "label = IFCA", "is malformed")):  # not TOML: its line
+        assert old in TABLE_FILE
+        (tmp_path / "mine.toml").write_text(TABLE_FILE.replace(old, new, 1))
+        with pytest.raises(ConfigError) as e:
+            reproduce.tables.load_tables(tmp_path)
+        assert str(tmp_path / "mine.toml") in str(e.value) and key in str(e.value)
+        assert "\n" not in str(e.value)
+    (tmp_path / "mine.toml").write_text(TABLE_FILE)
+    (tmp_path / "other.toml").write_text(TABLE_FILE)
+    with pytest.raises(ConfigError, match="other.toml'?: position 1 is also"):
+        reproduce.tables.load_tables(tmp_path)
+
 def test_ordering_line_says_whether_the_means_follow_the_paper():
     rows = [{"cell": "IFCA", "mcfl_mean": 90.0}, {"cell": "global", "mcfl_mean": 80.0},
             {"cell": "local", "mcfl_mean": 85.0}, {"cell": "FeSEM", "mcfl_mean": 70.0}]

@@ -92,8 +92,9 @@ class McflRunner:
         self.program = RoundProgram(config, RunPlan(model, params_count, c, False, block, block))
         init_key = jax.random.key(0)
         self.program.compile_init({}, init_key, self.data)
-        self.state = self.program.init({}, init_key, self.data).replace(
-            params=to_flax(work.params))
+        state = self.program.init({}, init_key, self.data)  # (a `DeviceState`)
+        self.state = state.replace(algorithm=state.algorithm.replace(
+            params=to_flax(work.params)))
         mesh = engine.client_mesh(args.devices) if args.devices > 1 else None
         self.mesh = (lambda: jax.set_mesh(mesh)) if mesh else contextlib.nullcontext
         if mesh is not None:  # replicated on the mesh, as round 1's outputs will be
@@ -111,7 +112,7 @@ class McflRunner:
         jax.block_until_ready(self.state)
 
     def global_params(self) -> dict[str, np.ndarray]:
-        return from_flax(self.state.params)
+        return from_flax(self.state.algorithm.params)
 
 
 class CentralizedRunner:

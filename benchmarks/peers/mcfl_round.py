@@ -92,8 +92,9 @@ class McflRunner:
                                                          block))
         init_key = jax.random.key(0)
         self.program.compile_init({}, init_key, self.data)
-        self.state = self.program.init({}, init_key, self.data).replace(
-            params=to_flax(work.params))
+        state = self.program.init({}, init_key, self.data)  # (a `DeviceState`)
+        self.state = state.replace(algorithm=state.algorithm.replace(
+            params=to_flax(work.params)))
         self.r = 0
         # As `mcfl run`: no mesh for one device (arrays placed under a mesh carry its sharding,
         # and a first round fed unsharded arrays would compile twice).
@@ -113,7 +114,7 @@ class McflRunner:
         jax.block_until_ready(self.state)
 
     def global_params(self) -> dict[str, np.ndarray]:
-        return from_flax(self.state.params)
+        return from_flax(self.state.algorithm.params)
 
 
 class CentralizedRunner:

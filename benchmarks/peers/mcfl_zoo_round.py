@@ -75,7 +75,7 @@ class McflZooRunner:
         jax.block_until_ready(self.state)
 
     def global_params(self) -> dict[str, np.ndarray]:
-        leaves = jax.tree_util.tree_leaves_with_path(self.state.params)
+        leaves = jax.tree_util.tree_leaves_with_path(self.state.algorithm.params)
         return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 

@@ -161,20 +161,6 @@ def cluster_count(sizes: jax.Array) -> jax.Array:
     return jnp.sum(sizes > 0).astype(jnp.float32)
 
 
-def finish_round(state, clients, joined, sums, weight_sums, stats, weights, train_counts,
-                 num_clusters: int):
-    """After a streamed M-step: new cluster models (a cluster nobody joined keeps its model),
-    the clients' new clusters, and the round's metrics."""
-    models = segment_mean(sums, weight_sums, state.models)
-    assignment, sizes = reassign(state.assignment, state.sizes, clients, joined)
-    metrics = training_metrics(train_counts, stats)
-    metrics["intra_cluster_distance"] = intra_cluster_distance(sums, weight_sums, stats, weights)
-    metrics["num_clusters"] = cluster_count(sizes)
-    new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
-                              round=state.round + 1)
-    return new_state, metrics
-
-
 def cluster_start(state, data, clients, hp, num_clusters: int) -> Start:
     """Stage (b) of FedAvg inside each cluster with the clients' clusters kept (after a one-shot
     clustering: FL+HC, PACFL; Robust's): the sampled clients start from their cluster's
@@ -186,11 +172,20 @@ def cluster_start(state, data, clients, hp, num_clusters: int) -> Start:
 
 
 def cluster_server(state, summed: Aggregate, data, hp, num_clusters: int):
-    """Stage (f) of the clustered algorithms that average per cluster: `finish_round`."""
+    """Stage (f) of the clustered algorithms that average per cluster: each cluster's new model
+    is its segment's mean (a cluster nobody joined keeps its model), the clients move to the
+    segments their messages were summed into, and the round's metrics (FeSEM Eq. 6's intra-
+    cluster distance from the streamed sums)."""
     del hp
-    return finish_round(state, summed.clients, summed.segments, summed.sums, summed.weight_sums,
-                        summed.stats, summed.weights, data.train_counts[summed.clients],
-                        num_clusters)
+    models = segment_mean(summed.sums, summed.weight_sums, state.models)
+    assignment, sizes = reassign(state.assignment, state.sizes, summed.clients, summed.segments)
+    metrics = training_metrics(data.train_counts[summed.clients], summed.stats)
+    metrics["intra_cluster_distance"] = intra_cluster_distance(
+        summed.sums, summed.weight_sums, summed.stats, summed.weights)
+    metrics["num_clusters"] = cluster_count(sizes)
+    new_state = state.replace(models=models, assignment=assignment, sizes=sizes,
+                              round=state.round + 1)
+    return new_state, metrics
 
 
 def fixed_cluster_round(context: AlgorithmContext):

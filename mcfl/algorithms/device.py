@@ -57,9 +57,9 @@ class OnDevice(NamedTuple):
     round: Any
 
 
-def exchange_for(algorithm: FederatedAlgorithm, transform: MessageTransform, state, clients,
-                 rows, transform_state, key) -> Exchange:
-    """The exchange of a round of `clients` whose rows are `rows` (training dtypes)."""
+def exchange_for(transform: MessageTransform, clients, rows, transform_state,
+                 key) -> Exchange:
+    """The exchange of round `key` for `clients` whose rows are `rows` (training dtypes)."""
     return Exchange(clients, rows, transform_state, None,
                     jax.random.fold_in(key, TRANSFORM_KEY), transform=transform)
 
@@ -84,8 +84,7 @@ def on_device(algorithm: FederatedAlgorithm,
         if has_rows:
             stored = jax.tree.map(lambda all_rows: all_rows[clients], state.rows)
             rows = to_training(stored, fresh_like(client_state, state.algorithm))
-        exchange = exchange_for(algorithm, transform, state.algorithm, clients, rows,
-                                state.transform, key)
+        exchange = exchange_for(transform, clients, rows, state.transform, key)
         new_state, metrics, exchange = algorithm.round(state.algorithm, data, key, hp,
                                                        exchange)
         all_rows = state.rows

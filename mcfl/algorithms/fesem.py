@@ -26,9 +26,9 @@ from mcfl.algorithms.clustered import (
     EVALUATIONS,
     ClusterState,
     cluster_means,
+    cluster_server,
     clustered_algorithm,
     features_fn,
-    finish_round,
     record_received,
     stacked_features,
     unravel_rows,
@@ -196,9 +196,7 @@ def fesem(context: AlgorithmContext, align_to_centers=None) -> FederatedAlgorith
 
     def server(state, summed, data, hp):
         received = record_received(state, summed.clients, summed.starts)
-        return finish_round(received, summed.clients, summed.segments, summed.sums,
-                            summed.weight_sums, summed.stats, summed.weights,
-                            data.train_counts[summed.clients], num_clusters)
+        return cluster_server(received, summed, data, hp, num_clusters)
 
     return clustered_algorithm(context, init, round_of(context, start, server),
                                PopulationStart(start_points, finish))

@@ -28,11 +28,10 @@ from mcfl.config import RunConfig
 from mcfl.data.federated import DeviceRows
 from mcfl.files.run_folder import json_safe
 from mcfl.models import count_params, make_model
-from mcfl.planning import memory
 from mcfl.planning.estimate import bound_on, estimate_run
 from mcfl.planning.targets import TARGETS, for_device, measure_cpu
 from mcfl.runs.runner import run
-from mcfl.runtime import compile_cache
+from mcfl.runtime import compile_cache, memory
 from mcfl.sweeps import sweep
 
 CLUSTERING = "kmeans"  # the `algorithm` of a point that times the clustering step alone

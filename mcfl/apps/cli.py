@@ -48,9 +48,9 @@ from mcfl.apps.plan_command import cmd_plan
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.data.export import FORMATS
 from mcfl.errors import ConfigError, McflError
-from mcfl.planning.memory import out_of_memory
 from mcfl.planning.targets import DEFAULT as DEFAULT_TARGETS
 from mcfl.planning.targets import NAMES
+from mcfl.runtime.memory import out_of_memory
 from mcfl.settings import TextParser
 
 

@@ -26,8 +26,8 @@ from mcfl.data.export import export_dataset
 from mcfl.errors import ConfigError
 from mcfl.files import checkpoint
 from mcfl.files.figures import check_figure_path
-from mcfl.files.resume import resume_settings
 from mcfl.files.run_folder import SETTINGS_FILE, check_target
+from mcfl.runs.resume import resume_settings
 from mcfl.runs.runner import run
 from mcfl.runs.select_k import select_k
 from mcfl.runtime import distributed

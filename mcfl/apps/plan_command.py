@@ -12,9 +12,9 @@ from typing import Optional
 
 from mcfl.apps.flags import cache_dir_from_args, config_from_args
 from mcfl.errors import choice_error
-from mcfl.planning import memory
 from mcfl.planning.estimate import RunEstimate, TargetBound, bound_on, estimate_run
 from mcfl.planning.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
+from mcfl.runtime import memory
 from mcfl.settings import split_list
 
 

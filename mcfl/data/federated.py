@@ -19,6 +19,10 @@ import numpy as np
 
 from mcfl.errors import DataError
 
+# The most classes a dataset may have (labels 0 .. MAX_CLASSES - 1): a label of 2^31 would size
+# the [clients, classes] label counts at 2^31. Every loader checks its labels against it.
+MAX_CLASSES = 65_536
+
 
 class FederatedData(flax.struct.PyTreeNode):
     """The device-side arrays of a federated dataset (a pytree, passed to jitted rounds).

@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mcfl.data.federated import FederatedDataset, from_splits, split_train_test
+from mcfl.data.federated import MAX_CLASSES, FederatedDataset, from_splits, split_train_test
 from mcfl.data.leaf_strings import (
     IMAGES,
     NUM_LETTERS,
@@ -53,7 +53,7 @@ from mcfl.errors import DataError
 
 _KEYS = ("users", "num_samples", "user_data")
 _BOM = b"\xef\xbb\xbf"
-_MAX_LABEL = 65_535  # (a label of 2^31 would size the [clients, classes] label counts at 2^31)
+_MAX_LABEL = MAX_CLASSES - 1
 
 
 def _shown(value: Any) -> str:

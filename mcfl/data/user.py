@@ -27,11 +27,9 @@ import numpy as np
 
 from mcfl.data import partition
 from mcfl.data.arrays import LabelledArrays
-from mcfl.data.federated import FederatedDataset, from_owner, from_splits
+from mcfl.data.federated import MAX_CLASSES, FederatedDataset, from_owner, from_splits
 from mcfl.data.spec import PLANTED_KINDS, parse_partition
 from mcfl.errors import DataError
-
-MAX_CLASSES = 65_536  # (a label of 2^31 would size the [clients, classes] label counts at 2^31)
 
 
 def from_clients(

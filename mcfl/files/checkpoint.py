@@ -35,7 +35,7 @@ import numpy as np
 from mcfl.errors import McflError
 from mcfl.files import faults
 from mcfl.files.atomic import WriteError
-from mcfl.planning.memory import resident_bytes
+from mcfl.runtime.memory import resident_bytes
 
 FOLDER = "checkpoints"
 # Default interval when no --checkpoint-every is given: a checkpoint costs a write of the

@@ -1,15 +1,15 @@
 """`mcfl reproduce NAME`: a paper's table, every cell a sweep over seeds, beside the paper's values.
 
-A table (`mcfl.reproduce.tables`) is the paper's setting, read from its experiments/ file, its
-cells, each a change of that setting, with the paper's values of the table's metrics, and two
-forms: the full protocol and a quick form (fewer rounds, seeds or clients, or offline data,
-said in its note) that runs in minutes on a 2-core CPU. Cells run one after another as
-`mcfl.sweep`s over the seeds; cells on the same data share one loaded dataset. The FlexCFL
-tables score by the paper's rule (`paper_best_accuracy_micro`: FlexCFL Sec. 5.1, the best
-micro accuracy over the evaluated rounds once every client is in a group); the FeSEM table
-reports the last round's micro / macro accuracy and F1. `run_table` writes table.md (paper,
-mcfl mean +/- std over seeds, difference, settings), table.csv, a bar plot
-(`mcfl.reproduce.report`) and each cell's sweep folder.
+A table (`mcfl.reproduce.tables`, read from experiments/tables/NAME.toml) is the paper's
+setting, read from its experiments/ file, its cells, each a change of that setting, with the
+paper's values of the table's metrics, and two forms: the full protocol and a quick form (fewer
+rounds, seeds or clients, or offline data, said in its note) that runs in minutes on a 2-core
+CPU. Cells run one after another as `mcfl.sweep`s over the seeds; cells on the same data share
+one loaded dataset. The FlexCFL tables score by the paper's rule (`paper_best_accuracy_micro`:
+FlexCFL Sec. 5.1, the best micro accuracy over the evaluated rounds once every client is in a
+group); the FeSEM table reports the last round's micro / macro accuracy and F1. `run_table`
+writes table.md (paper, mcfl mean +/- std over seeds, difference, settings), table.csv, a bar
+plot (`mcfl.reproduce.report`) and each cell's sweep folder.
 """
 
 from __future__ import annotations

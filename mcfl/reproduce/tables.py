@@ -1,22 +1,41 @@
-"""The papers' tables `mcfl reproduce` knows: each names its setting's file in experiments/
-(the single source of its settings, also a config file for `mcfl run --config`), its cells
-(a change of that setting: the algorithm and its hyperparameters, a shift, or another part of
-a table over several datasets) with the paper's values, and two forms: the full protocol and
-a quick form that runs in minutes on a 2-core CPU.
+"""The papers' tables `mcfl reproduce` knows, one file each: experiments/tables/NAME.toml
+(installed with mcfl as `mcfl.experiments`, beside the settings files). A table names its
+setting's file in experiments/ (the single source of its settings, also a config file for
+`mcfl run --config`), its cells (a change of that setting: the algorithm and its
+hyperparameters, a shift, or another part of a table over several datasets) with the paper's
+values, and two forms: the full protocol and a quick form that runs in minutes on a 2-core CPU.
+This module holds the tables' shape (the dataclasses) and reads the files into `TABLES`.
+
+A table file's keys are the fields of the dataclass of the same part:
+
+- `Table`: title, source, setting (an experiments/ file's name, without .toml) and position
+  (where the table comes in `mcfl reproduce --list`, 1 first); optionally data_layout and
+  metrics (an array of {key, header}; the paper's rule when left out);
+- [full] and [quick], the two `Form`s: changes, seeds and cost; optionally note, setting,
+  claim, orderings (arrays of cell labels, best first) and cells of their own
+  ([[quick.cells]]);
+- [[cells]], one `Cell` each: label, changes and paper; optionally setting.
+
+A paper value is a number, or an array with one per metric of the table; TOML has no null, so
+the string "none" stands where the paper reports no value. An optional key left out takes the
+dataclass's default. An unknown key, a missing required one or a value of the wrong type is a
+`ConfigError` naming the file and the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from mcfl.config import load_file
-from mcfl.errors import choice_error
+from mcfl.errors import ConfigError, choice_error
 from mcfl.runs.records import PAPER_SCORE as SCORE
 
 PaperValue = Union[None, float, tuple[Optional[float], ...]]
+NO_VALUE = "none"  # a paper value the paper does not report, in a table file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +45,6 @@ class Metric:
 
 
 PAPER_RULE = Metric(SCORE, "accuracy (paper's rule)")
-FINAL_METRICS = (Metric("final_accuracy_micro", "Micro-Acc"), Metric("final_f1_micro", "Micro-F1"),
-                 Metric("final_accuracy_macro", "Macro-Acc"), Metric("final_f1_macro", "Macro-F1"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,266 +115,148 @@ class Table:
         return tuple(dict.fromkeys(n for n in names if n is not None))
 
 
+def _experiments() -> Path:
+    """experiments/: installed with mcfl as `mcfl.experiments`, or in the source checkout mcfl
+    is imported from (``PYTHONPATH=.`` on a machine where it is not installed)."""
+    try:
+        return Path(str(importlib.resources.files("mcfl.experiments")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "experiments"
+
+
 def experiment(name: str) -> dict[str, Any]:
     """The settings in experiments/NAME.toml (installed with mcfl as `mcfl.experiments`)."""
-    return load_file(Path(str(importlib.resources.files("mcfl.experiments") / f"{name}.toml")))
+    return load_file(_experiments() / f"{name}.toml")
 
 
-
-# FlexCFL (Duan et al.) Sec. 5.1: Synthetic(1,1), 100 clients, MCLR 60-10, 300 rounds of 20
-# clients, E = 10, B = 10, lr 0.01, K = 5 groups (Table II), seed 2077.
-
-
-_TABLE3_CELLS = (
-    Cell("FedAvg", {"algorithm": "fedavg"}, 66.9),
-    Cell("FedProx (mu 1)", {"algorithm": "fedprox", "mu": 1.0}, 80.7),
-    Cell("IFCA", {"algorithm": "ifca"}, 91.3),
-    Cell("FeSEM", {"algorithm": "fesem"}, 77.0),
-    Cell("RCC", {"algorithm": "flexcfl", "measure": "random"}, 86.0),
-    # With alpha K = 20 x 5 = all 100 clients pre-trained at the cold start, no client is ever
-    # a newcomer: RAC is FlexCFL here (the paper reports no RAC value for Synthetic).
-    Cell("RAC", {"algorithm": "flexcfl", "newcomers": "random"}, None),
-    Cell("FlexCFL", {"algorithm": "flexcfl"}, 85.6),
-    Cell("FlexCFL eta_g 0.1", {"algorithm": "flexcfl", "eta_g": 0.1}, 80.3),
-)
-
-# Table IV: swap all / swap part (probability 0.05 a round) / incremental (25% more data
-# every 50 rounds); FlexCFL-eta_g uses eta_g = 5.0 there.
-_TABLE4_PAPER = {
-    "FedAvg": ({"algorithm": "fedavg"}, (63.4, 71.1, 78.2)),
-    "IFCA": ({"algorithm": "ifca"}, (89.3, 96.8, 91.6)),
-    "FeSEM": ({"algorithm": "fesem"}, (57.4, 77.3, 69.4)),
-    "FedGroup": ({"algorithm": "fedgroup"}, (84.4, 93.5, 89.8)),
-    "FlexCFL": ({"algorithm": "flexcfl"}, (85.0, 91.7, 89.8)),
-    "FlexCFL eta_g 5": ({"algorithm": "flexcfl", "eta_g": 5.0}, (58.0, 76.5, 80.2)),
-}
-_SHIFTS = (("swap all", {"shift": "swap_all", "shift_prob": 0.05}),
-           ("swap part", {"shift": "swap_part", "shift_prob": 0.05}),
-           ("incremental", {"shift": "incremental"}))  # every shift_interval (50) rounds
-_TABLE4_CELLS = tuple(Cell(f"{name}, {shift}", {**changes, **shift_changes}, paper[i])
-                      for name, (changes, paper) in _TABLE4_PAPER.items()
-                      for i, (shift, shift_changes) in enumerate(_SHIFTS))
-
-# FlexCFL Sec. 5.1 and Table II, FashionMNIST: 500 clients of 5 classes each (the Ditto
-# recipe), per-pixel standardisation, the CNN conv32-pool-conv64-pool-fc1024 (3,274,634
-# parameters), lr 0.005, K = 5, and the Synthetic rows' protocol otherwise. Clients are
-# scheduled as the authors' code does (round robin for the first 500 / 20 = 25 rounds, then at
-# random), so every client has joined a group, and the paper's rule scores, from round 25.
-
-_TABLE3_FMNIST_PAPER = {"FedAvg": 89.2, "FedProx (mu 1)": 89.1, "IFCA": 90.9, "FeSEM": 81.3,
-                        "RCC": 91.2, "RAC": 85.0, "FlexCFL": 92.6, "FlexCFL eta_g 0.1": 92.4}
-_TABLE3_FMNIST_CELLS = tuple(Cell(c.label, c.changes, _TABLE3_FMNIST_PAPER[c.label])
-                             for c in _TABLE3_CELLS)
-_FMNIST_REDUCED = {"rounds": 50, "local_epochs": 2, "eval_every": 5}
-
-# IFCA (Ghosh et al., 2020) Sec. 5.1, rotated MNIST: 4 clusters of clients whose images are
-# rotated by 0/90/180/270 degrees, MLP 784-200-10, every client every round, 10 full-batch
-# gradient steps a round at lr 0.1, 300 rounds. Here on Fashion-MNIST: 1,200 clients share its
-# 70,000 images (about 58 each, 20% held out for test), where IFCA's clients of a cluster each
-# draw n = 50 from all 60,000 (its m = 4,800 setting): experiments/ifca_rotated_fmnist.toml.
-_IFCA_QUICK = {"clients": 400, "samples_per_client": 50, "rounds": 30, "eval_every": 5}
-
-_IFCA_CELLS = (
-    Cell("IFCA", {"algorithm": "ifca"}, None),
-    Cell("one global model (FedAvg)", {"algorithm": "fedavg"}, None),
-    Cell("local models", {"algorithm": "local"}, None),
-    Cell("FeSEM", {"algorithm": "fesem"}, None),
-    Cell("FlexCFL", {"algorithm": "flexcfl"}, None),
-    Cell("CFL", {"algorithm": "cfl"}, None),
-)
-_IFCA_ORDERING = (("IFCA", "one global model (FedAvg)", "local models"),)
-_IFCA_CLAIM = ("IFCA finds the rotations and beats one global model, which beats local models "
-               "(its rotated MNIST and CIFAR experiments); it reports no Fashion-MNIST values")
-
-# FeSEM (Xie et al.) Sec. 6.1 and Table 1 (journal version: Tables 2 and 3): LEAF FEMNIST
-# (3,550 writers, 62 classes) and FedCelebA (9,343 people, smiling or not), each device's data
-# split 80 / 20, a CNN, FEMNIST lr 0.003 and 5 local epochs, FedCelebA lr 0.03 and 10; FedProx's
-# mu 0.1. The paper gives no rounds, clients per round or batch size: 100 rounds (its Fig. 2),
-# 20 clients a round (the authors' code's FedAvg) and B = 32 (the authors' code's FedSGD).
-
-# experiments/fesem_table1_femnist.toml and fesem_table1_fedceleba.toml; data_dir: the part's
-# folder inside --data-dir (LEAF's data/ folder).
-_FESEM_PARTS = {"FEMNIST": ("fesem_table1_femnist", "femnist/data"),
-                "FedCelebA": ("fesem_table1_fedceleba", "celeba/data")}
-# The paper's baselines and FeSEM(K); K of Robust and FedCluster (at most) is not given.
-_FESEM_ALGORITHMS = (
-    ("NonFed", {"algorithm": "local"}),
-    ("FedSGD", {"algorithm": "fedsgd"}),
-    ("FedAvg", {"algorithm": "fedavg"}),
-    ("FedDist", {"algorithm": "feddist"}),
-    ("FedDWS", {"algorithm": "feddws"}),
-    ("Robust(TKM)", {"algorithm": "robust", "clusters": 3}),
-    ("FedCluster", {"algorithm": "cfl", "clusters": 4}),
-    ("HypoCluster(3)", {"algorithm": "ifca", "clusters": 3}),
-    ("FedDane", {"algorithm": "feddane"}),
-    ("FedProx", {"algorithm": "fedprox", "mu": 0.1}),
-    ("FeSEM(2)", {"algorithm": "fesem", "clusters": 2}),
-    ("FeSEM(3)", {"algorithm": "fesem", "clusters": 3}),
-    ("FeSEM(4)", {"algorithm": "fesem", "clusters": 4}),
-    ("FeSEM-MA(3)", {"algorithm": "fesem_ma", "clusters": 3}),
-)
-# Micro-Acc, Micro-F1, Macro-Acc, Macro-F1 (the paper's means; its +/- are omitted here).
-_FESEM_PAPER = {
-    "FEMNIST": {
-        "NonFed": (79.0, 67.6, 81.3, 51.0), "FedSGD": (70.1, 61.2, 71.5, 46.7),
-        "FedAvg": (84.9, 67.9, 84.9, 45.4), "FedDist": (79.3, 67.5, 79.8, 50.5),
-        "FedDWS": (80.4, 67.2, 80.6, 51.7), "Robust(TKM)": (78.4, 53.1, 77.6, 53.6),
-        "FedCluster": (84.1, 64.3, 84.2, 64.4), "HypoCluster(3)": (82.5, 61.3, 82.2, 61.6),
-        "FedDane": (40.0, 31.8, 41.7, 31.7), "FedProx": (72.6, 62.8, 74.3, 50.6),
-        "FeSEM(2)": (84.8, 65.5, 84.8, 52.0), "FeSEM(3)": (87.0, 68.5, 86.9, 41.7),
-        "FeSEM(4)": (90.3, 70.6, 91.0, 53.4), "FeSEM-MA(3)": (90.4, 71.4, 87.0, 64.3)},
-    "FedCelebA": {
-        "NonFed": (83.8, 66.0, 83.9, 67.2), "FedSGD": (75.7, 60.7, 75.6, 55.6),
-        "FedAvg": (86.9, 78.0, 86.1, 54.2), "FedDist": (71.8, 61.0, 71.6, 61.1),
-        "FedDWS": (73.4, 59.3, 73.4, 50.3), "Robust(TKM)": (90.1, 68.0, 90.1, 68.3),
-        "FedCluster": (86.7, 67.8, 87.0, 67.8), "HypoCluster(3)": (76.1, 53.5, 72.7, 53.8),
-        "FedDane": (76.6, 61.8, 75.9, 62.1), "FedProx": (83.8, 60.9, 84.9, 65.7),
-        "FeSEM(2)": (89.1, 64.6, 89.0, 56.0), "FeSEM(3)": (88.1, 64.3, 87.5, 55.9),
-        "FeSEM(4)": (93.6, 74.8, 94.1, 69.5), "FeSEM-MA(3)": (84.5, 64.1, 85.1, 63.0)},
-}
-_FESEM_CELLS = tuple(Cell(f"{part} {label}", {"data_dir": folder, **changes},
-                          _FESEM_PAPER[part][label], setting)
-                     for part, (setting, folder) in _FESEM_PARTS.items()
-                     for label, changes in _FESEM_ALGORITHMS)
-# Quick form: Fashion-MNIST (offline) with 4 planted clusters of clients (images rotated by
-# 0/90/180/270 degrees) and Dirichlet(0.5) label skew (the paper's non-IID option), 200
-# clients of at most 100 images, an MLP 784-200-10, the FEMNIST part's epochs:
-# experiments/fesem_table1_quick.toml.
-_FESEM_QUICK_CELLS = tuple(Cell(label, changes, None) for label, changes in _FESEM_ALGORITHMS)
+class _Invalid(Exception):
+    """A key of a table file holding what it may not (the loader adds the file)."""
 
 
-# The baselines recent clustered / personalised FL papers compare against, on offline planted
-# clusters (experiments/clustered_baselines_fmnist.toml: Fashion-MNIST, 240 clients in 4
-# clusters, MLP, 25% of clients a round) and on Synthetic(1,1): every algorithm with its
-# paper's defaults, accuracy (each client with the model it is evaluated with) and ARI.
-_BASELINE_ALGORITHMS = (
-    ("FedAvg", {"algorithm": "fedavg"}), ("FedProx", {"algorithm": "fedprox"}),
-    ("SCAFFOLD", {"algorithm": "scaffold"}), ("FedNova", {"algorithm": "fednova"}),
-    ("Local", {"algorithm": "local"}), ("FedPer", {"algorithm": "fedper"}),
-    ("LG-FedAvg", {"algorithm": "lg_fedavg"}), ("FedRep", {"algorithm": "fedrep"}),
-    ("Ditto", {"algorithm": "ditto"}), ("APFL", {"algorithm": "apfl"}),
-    ("Per-FedAvg", {"algorithm": "perfedavg"}),
-    ("pFedMe", {"algorithm": "pfedme"}), ("IFCA", {"algorithm": "ifca"}),
-    ("FeSEM", {"algorithm": "fesem"}), ("CFL", {"algorithm": "cfl"}),
-    ("Robust", {"algorithm": "robust"}), ("FL+HC", {"algorithm": "flhc"}),
-    ("PACFL", {"algorithm": "pacfl"}), ("FlexCFL", {"algorithm": "flexcfl"}),
-    ("FedEM", {"algorithm": "fedem"}), ("FedSoft", {"algorithm": "fedsoft"}),
-    ("FedRC", {"algorithm": "fedrc"}), ("StoCFL", {"algorithm": "stocfl"}),
-)
-_BASELINE_PARTS = {"rotated": ({"partition": "rotated:4"}, None),
-                   "permuted": ({"partition": "permuted:4"}, None),
-                   "label_swap": ({"partition": "label_swap:4"}, None),
-                   "Synthetic": ({}, "clustered_baselines_synthetic")}
-_BASELINE_CELLS = tuple(Cell(f"{part} {label}", {**part_changes, **changes}, (None, None),
-                             setting)
-                        for part, (part_changes, setting) in _BASELINE_PARTS.items()
-                        for label, changes in _BASELINE_ALGORITHMS)
-# What the papers claim over FedAvg on heterogeneous clients (each in its own experiments):
-# IFCA (Ghosh et al.), FL+HC (Briggs et al.), PACFL (Vahidian et al.), Ditto (Li et al.),
-# APFL (Deng et al.), pFedMe (Dinh et al.), FedRep (Collins et al.: also over LG-FedAvg),
-# SCAFFOLD (Karimireddy et al.), FedEM (Marfoq et al.), Per-FedAvg (Fallah et al.),
-# FedSoft (Ruan and Joe-Wong), FedRC (Guo et al.: also over FedEM) and StoCFL (Zeng et al.),
-# checked on the planted parts.
-_BASELINE_ORDERINGS = tuple(
-    (f"{part} {better}", f"{part} {worse}")
-    for part in ("rotated", "permuted", "label_swap")
-    for better, worse in (("IFCA", "FedAvg"), ("FL+HC", "FedAvg"), ("PACFL", "FedAvg"),
-                          ("Ditto", "FedAvg"), ("APFL", "FedAvg"), ("pFedMe", "FedAvg"),
-                          ("FedRep", "FedAvg"), ("FedRep", "LG-FedAvg"),
-                          ("SCAFFOLD", "FedAvg"), ("FedEM", "FedAvg"),
-                          ("Per-FedAvg", "FedAvg"), ("FedSoft", "FedAvg"),
-                          ("FedRC", "FedAvg"), ("FedRC", "FedEM"), ("StoCFL", "FedAvg")))
-_BASELINE_CLAIM = ("each paper reports its method above FedAvg on heterogeneous clients "
-                   "(FedRep also above LG-FedAvg, FedRC above FedEM); none reports these "
-                   "settings, so no values are shown")
+_Reader = Callable[[Any, str], Any]  # (a TOML value, its key) -> the field's value
 
 
-TABLES: dict[str, Table] = {t.name: t for t in (
-    Table("flexcfl-table3-synthetic",
-          "FlexCFL Table III, Synthetic(1,1)-MCLR (no shift)",
-          "Duan et al., Flexible Clustered Federated Learning, Table III",
-          "flexcfl_table3_synthetic", _TABLE3_CELLS,
-          full=Form({}, 3, "10 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 610 s)"),
-          quick=Form({"rounds": 60}, 2, "3 min on 2 CPU cores (measured 2026-11-24: 172 s on "
-                     "an AMD EPYC, 124 s on an Intel Xeon)",
-                     note="60 rounds instead of 300")),
-    Table("flexcfl-table4-synthetic",
-          "FlexCFL Table IV, Synthetic(1,1)-MCLR under distribution shift "
-          "(swap all / swap part / incremental)",
-          "Duan et al., Flexible Clustered Federated Learning, Table IV",
-          "flexcfl_table3_synthetic", _TABLE4_CELLS,
-          full=Form({}, 3, "23 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 1,398 s)"),
-          quick=Form({"rounds": 60, "shift_interval": 10}, 1,
-                     "3.5 min on 2 CPU cores (measured 2026-11-23 on an Intel Xeon: 204 s)",
-                     note="60 rounds instead of 300 (incremental: 25% more data every 10 rounds "
-                     "instead of 50)")),
-    Table("flexcfl-table3-fmnist",
-          "FlexCFL Table III, FashionMNIST-CNN (no shift)",
-          "Duan et al., Flexible Clustered Federated Learning, Table III",
-          "flexcfl_table3_fmnist", _TABLE3_FMNIST_CELLS,
-          full=Form({}, 3, "estimated 130 h on 2 CPU cores (the reduced table's time x 30 "
-                    "times the local steps x 3 seeds)"),
-          quick=Form(_FMNIST_REDUCED, 1, "1.5 h on 2 CPU cores (measured 2026-11-24 on an AMD "
-                     "EPYC: 5,196 s, 13.6 GB peak)",
-                     note="the reduced protocol: 50 rounds instead of 300 (every client is in "
-                     "a group from round 25), E = 2 local epochs instead of 10, evaluated "
-                     "every 5 rounds")),
-    Table("ifca-rotated",
-          "IFCA's rotated-image protocol on Fashion-MNIST (4 rotations, MLP 784-200-10)",
-          "Ghosh et al., An Efficient Framework for Clustered Federated Learning, Sec. 5.1 "
-          "(rotated MNIST)",
-          "ifca_rotated_fmnist", _IFCA_CELLS,
-          full=Form({}, 3, "estimated 5 h on 2 CPU cores (6 cells x 3 seeds x 300 rounds of "
-                    "1,200 clients)", orderings=_IFCA_ORDERING, claim=_IFCA_CLAIM),
-          quick=Form(_IFCA_QUICK, 1, "8 min on 2 CPU cores (measured 2026-11-24: 445 s on an "
-                     "AMD EPYC, 463 s on an Intel Xeon)",
-                     note="400 clients of 50 images each instead of 1,200 of about 58, 30 "
-                     "rounds instead of 300", orderings=_IFCA_ORDERING, claim=_IFCA_CLAIM)),
-    Table("fesem-table1",
-          "FeSEM Table 1: FEMNIST and FedCelebA (LEAF), micro / macro accuracy and F1",
-          "Xie et al., Multi-Center Federated Learning, Table 1 (journal: Tables 2 and 3)",
-          "fesem_table1_femnist", _FESEM_CELLS,
-          full=Form({}, 3, "needs the LEAF data; NonFed, Robust and FeSEM's start keep one "
-                    "model per client (3,550 FEMNIST writers x 6.6 M parameters: 94 GB, 47 GB "
-                    "in bfloat16), which --client-store auto puts on disk when memory is "
-                    "short (a stand-in on 2 CPU cores: 3.65 s a round of 20 clients, 43.7 GiB "
-                    "on disk; BENCHMARKS.md); not run here",
-                    orderings=(("FEMNIST FeSEM(4)", "FEMNIST FedAvg"),
-                               ("FedCelebA FeSEM(4)", "FedCelebA FedAvg")),
-                    claim="FeSEM does best in most cases, and better with more clusters; "
-                    "FeSEM(4) is above FedAvg on both datasets"),
-          quick=Form({}, 2, "4.5 min on 2 CPU cores (measured 2026-11-24 on an AMD "
-                     "EPYC: 259 s)",
-                     note="offline data with planted clusters: Fashion-MNIST over 200 clients "
-                     "of at most 100 images, rotated by 0/90/180/270 degrees (4 true clusters) "
-                     "with Dirichlet(0.5) label skew; an MLP 784-200-10 at lr 0.05 instead of "
-                     "the CNNs; 40 rounds", cells=_FESEM_QUICK_CELLS,
-                     orderings=(("FeSEM(4)", "FeSEM(2)"), ("FeSEM(4)", "FedAvg")),
-                     claim="with 4 planted clusters, FeSEM(4) recovers them and beats FeSEM(2) "
-                     "and FedAvg (the paper: more clusters do better, FeSEM(4) is best); the "
-                     "paper's values are for LEAF, so none are shown",
-                     setting="fesem_table1_quick"),
-          metrics=FINAL_METRICS,
-          data_layout="LEAF's data folder, holding femnist/data/{train,test} and "
-          "celeba/data/{train,test} (plus celeba/data/raw/img_align_celeba) as LEAF's "
-          "preprocessing writes them"),
-    Table("clustered-baselines",
-          "Clustered and personalised baselines on planted clusters (Fashion-MNIST rotated, "
-          "permuted, label_swap; MLP) and Synthetic(1,1)",
-          "the baselines of FedRC, PACFL and CFL-GP's comparisons, each with its paper's "
-          "defaults",
-          "clustered_baselines_fmnist", _BASELINE_CELLS,
-          full=Form({}, 3, "estimated 1 h 15 min on 2 CPU cores (the quick form's time x 100 "
-                    "/ 40 rounds); not run", orderings=_BASELINE_ORDERINGS,
-                    claim=_BASELINE_CLAIM),
-          quick=Form({"rounds": 40}, 3, "33 min on 2 CPU cores (measured 2026-11-25 on an "
-                     "AMD EPYC in three parts: 1,501 s for the first 18 algorithms, 386 s for "
-                     "FedEM, FedRC, FedSoft and Per-FedAvg with FedAvg, 130 s for StoCFL with "
-                     "FedAvg)",
-                     note="40 rounds instead of 100",
-                     orderings=_BASELINE_ORDERINGS, claim=_BASELINE_CLAIM),
-          metrics=(Metric("final_accuracy_micro", "Micro-Acc"), Metric("cluster_ari", "ARI"))),
-)}
+def _text(value: Any, key: str) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _positive(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid(f"{key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _changes(value: Any, key: str) -> dict[str, Any]:
+    # their values are checked as a config when the table's cells are built
+    if not isinstance(value, dict):
+        raise _Invalid(f"{key} must be a table of config changes, got {value!r}")
+    return value
+
+
+def _paper(value: Any, key: str) -> PaperValue:
+    def one(v: Any) -> Optional[float]:
+        if v == NO_VALUE:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _Invalid(f'{key} must be a number, "{NO_VALUE}" or an array of them, '
+                           f"got {value!r}")
+        return float(v)
+
+    return tuple(one(v) for v in value) if isinstance(value, list) else one(value)
+
+
+def _chains(value: Any, key: str) -> tuple[tuple[str, ...], ...]:
+    if not (isinstance(value, list) and all(
+            isinstance(chain, list) and chain and all(isinstance(c, str) for c in chain)
+            for chain in value)):
+        raise _Invalid(f"{key} must be an array of arrays of cell labels, got {value!r}")
+    return tuple(tuple(chain) for chain in value)
+
+
+def _each(read: _Reader) -> _Reader:
+    """A reader of a non-empty array of tables, each read by `read` as KEY[INDEX]."""
+    def each(value: Any, key: str) -> tuple:
+        if not (isinstance(value, list) and value and all(isinstance(v, dict) for v in value)):
+            raise _Invalid(f"{key} must be a non-empty array of tables, got {value!r}")
+        return tuple(read(v, f"{key}[{i}]") for i, v in enumerate(value))
+    return each
+
+
+def _fields(values: Any, key: str, schema: dict[str, tuple[_Reader, bool]]) -> dict[str, Any]:
+    """The TOML table `values` at `key` read by `schema`: each key's reader and whether it is
+    required."""
+    if not isinstance(values, dict):
+        raise _Invalid(f"{key} must be a table, got {values!r}")
+    where = f"{key}." if key else ""
+    for name in values:
+        if name not in schema:
+            raise _Invalid(f"unknown key {where}{name}; allowed: {', '.join(schema)}")
+    for name, (_, required) in schema.items():
+        if required and name not in values:
+            raise _Invalid(f"missing key {where}{name}")
+    return {name: read(values[name], where + name) for name, (read, _) in schema.items()
+            if name in values}
+
+
+def _metric(values: Any, key: str) -> Metric:
+    return Metric(**_fields(values, key, {"key": (_text, True), "header": (_text, True)}))
+
+
+def _cell(values: Any, key: str) -> Cell:
+    return Cell(**_fields(values, key, {"label": (_text, True), "changes": (_changes, True),
+                                        "paper": (_paper, True), "setting": (_text, False)}))
+
+
+def _form(values: Any, key: str) -> Form:
+    return Form(**_fields(values, key, {
+        "changes": (_changes, True), "seeds": (_positive, True), "cost": (_text, True),
+        "note": (_text, False), "cells": (_each(_cell), False), "orderings": (_chains, False),
+        "claim": (_text, False), "setting": (_text, False)}))
+
+
+_TABLE_KEYS: dict[str, tuple[_Reader, bool]] = {
+    "title": (_text, True), "source": (_text, True), "setting": (_text, True),
+    "position": (_positive, True), "data_layout": (_text, False),
+    "metrics": (_each(_metric), False), "full": (_form, True), "quick": (_form, True),
+    "cells": (_each(_cell), True)}
+
+
+def _read_table(path: Path) -> tuple[int, Table]:
+    """The table in `path` (named by the file) and its position."""
+    values = load_file(path)  # a file that is not TOML is a ConfigError naming it
+    try:
+        fields = _fields(values, "", _TABLE_KEYS)
+        position = fields.pop("position")
+        table = Table(name=path.stem, **fields)
+        # a list of paper values is read one per metric (report.table_row)
+        for key, cells in (("cells", table.cells), ("full.cells", table.full.cells or ()),
+                           ("quick.cells", table.quick.cells or ())):
+            for i, cell in enumerate(cells):
+                if isinstance(cell.paper, tuple) and len(cell.paper) != len(table.metrics):
+                    raise _Invalid(f"{key}[{i}].paper must hold one value per metric "
+                                   f"({len(table.metrics)}), got {len(cell.paper)}")
+    except _Invalid as e:
+        raise ConfigError(f"table file {str(path)!r}: {e}") from None
+    return position, table
+
+
+def load_tables(folder: Union[str, Path]) -> dict[str, Table]:
+    """The tables in `folder`'s NAME.toml files, in the order of their positions."""
+    found: dict[int, tuple[Path, Table]] = {}
+    for path in sorted(Path(folder).glob("*.toml")):
+        position, table = _read_table(path)
+        if position in found:
+            raise ConfigError(f"table file {str(path)!r}: position {position} is also "
+                              f"{str(found[position][0])!r}'s")
+        found[position] = (path, table)
+    if not found:
+        raise ConfigError(f"no table files (*.toml) in {str(folder)!r}")
+    return {table.name: table for _, (_, table) in sorted(found.items())}
+
+
+TABLES: dict[str, Table] = load_tables(_experiments() / "tables")
 
 
 def names() -> tuple[str, ...]:
@@ -368,5 +267,3 @@ def get(name: str) -> Table:
     if name not in TABLES:
         raise choice_error("table", name, names())
     return TABLES[name]
-
-

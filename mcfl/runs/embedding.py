@@ -33,7 +33,7 @@ from mcfl.clustering.distances import HIGHEST
 from mcfl.clustering.svd import left_singular_from_gram
 from mcfl.engine import LocalTraining, RoundClients, train_and_collect
 from mcfl.engine.sampling import sample_clients
-from mcfl.planning import memory
+from mcfl.runtime import memory
 
 # The one-program path holds the sampled models three times in float32: it is taken when that
 # is at most this share of the device's free memory.

@@ -29,18 +29,17 @@ from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.files import checkpoint, faults
 from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
-from mcfl.files.resume import restore, resume_settings, resumed_config
 from mcfl.files.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 from mcfl.models.build import model_label
-from mcfl.planning import memory
 from mcfl.runs import records
 from mcfl.runs.embedding import embedding_for_run
 from mcfl.runs.execution import RunPlan, client_mesh, plan_run, run_keys
 from mcfl.runs.loop import LoopHooks, client_scores, run_rounds
 from mcfl.runs.program import RoundProgram
 from mcfl.runs.records import MemberRecord
+from mcfl.runs.resume import restore, resume_settings, resumed_config
 from mcfl.runs.stored_program import announce, run_program
-from mcfl.runtime import distributed
+from mcfl.runtime import distributed, memory
 from mcfl.store import FOLDER as STORE_FOLDER
 from mcfl.transforms import MessageTransform
 
@@ -109,7 +108,7 @@ def run(
     `mcfl.files.run_folder.RunFolder`), made once the data were loaded. A folder already holding a
     run is refused (`McflError`, before anything runs) unless `overwrite`: the new run then
     replaces the old one's files once it has its first checkpoint (`run_folder.RunTarget`).
-    A run that cannot fit in memory is refused before it is built (`mcfl.planning.memory`).
+    A run that cannot fit in memory is refused before it is built (`mcfl.runtime.memory`).
 
     A run with a folder keeps an orbax checkpoint in ``out_dir/checkpoints``
     (`mcfl.files.checkpoint`): every `checkpoint_every` rounds (default: every 5 minutes), at
@@ -118,7 +117,7 @@ def run(
     ``run(resume=RUN_DIR)`` continues the run stopped there, with the settings saved in its
     run.json (`config`, if given, must equal its config; `checkpoint_every` defaults to the
     run's), writing to RUN_DIR; its rounds and summary equal the uninterrupted run's apart from
-    timings (`mcfl.files.resume`).
+    timings (`mcfl.runs.resume`).
 
     `model` trains a model of the user's instead of ``config.model``: a flax module whose
     ``__call__(x)`` returns logits, a factory ``(feature_shape, num_classes, **args) ->
@@ -292,111 +291,104 @@ def _run(
                                  jit_options=distributed.replicated_outputs(mesh),
                                  transform=transform)
     try:
-        return _run_program(program, store, config, dataset, started, observers, profile_dir,
-                            output, resume_dir, init_key, rounds_key)
+        if store.kind != "device":
+            output.moved.append(lambda folder: program.move_to(folder / STORE_FOLDER))
+        plan = program.plan
+        compiled_before = program.compile_seconds  # (a kept program has compiled already)
+        program.compile_init({}, init_key, data)
+        memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
+                                  memory.resident_bytes(data))
+        if program.start_streamed:  # said before the start, which trains every client
+            announce(store)
+        resuming = resume_dir is not None and checkpoint.exists(resume_dir)  # (else round 1)
+        init_start = time.perf_counter()
+        state = program.initial_state({}, init_key, data, resuming)
+        init_seconds = time.perf_counter() - init_start
+        record = MemberRecord()
+        chunks = program.chunks
+        checkpoints = output.checkpoints
+        if resuming:
+            saved, done = restore(resume_dir, program.checkpoint_template(state), rounds_key,
+                                  record)
+            state = program.restored(saved)
+            if checkpoints is not None:
+                checkpoints.resumed_at(done)
+            chunks = [(first, count) for first, count in chunks if first > done]
+        later = ()
+        if program.clustered:  # cluster metrics arrive with evaluated rounds
+            later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
+                                          if dataset.true_cluster is not None else ())
+        # Compile every program the run needs before the first round (from JAX's persistent cache
+        # when it holds them), so that round times are training alone.
+        program.compile_rounds({}, state, rounds_key, data)
+        memory.check_program_fits(program.working_bytes(init=False), "a round", config,
+                                  memory.resident_bytes(data, state))
+        if not program.start_streamed:  # said once the run is sure to start
+            announce(store)
+        for observer in observers:
+            observer.started(config, later)
+            for row in record.rows:  # a resumed run's rows so far
+                observer.round(row)
+
+        def summary_with(status: str) -> dict[str, Any]:
+            out = records.summary(config, dataset, record, started, plan, status)
+            return {**out, "init_seconds": init_seconds,
+                    "compile_seconds": program.compile_seconds - compiled_before,
+                    "low_rank": plan.low_rank, "devices": engine.client_shards(),
+                    "transform": program.transform.name,
+                    "client_store": store.kind, "client_store_reason": store.reason}
+
+        def save(last_round: int, state) -> None:
+            checkpoints.save(last_round, program.checkpoint_state(last_round, state), rounds_key,
+                             config.to_dict(),
+                             {"rows": record.rows, "round_seconds": record.round_seconds,
+                              "assignment_rounds": record.assignment_rounds}, record.assignments)
+            program.checkpointed()
+
+        # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
+        last = len(chunks) - 1
+        profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
+        # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
+        # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
+        stop_requests = StopRequests() if checkpoints is not None else None
+        hooks = _RunHooks(observers, profile_dir, profiled if profile_dir else range(0), save,
+                          output, stop_requests, config.rounds)
+        try:
+            with stop_requests or contextlib.nullcontext():
+                state = run_rounds(program, config, dataset, state, {}, rounds_key, [record],
+                                   chunks, hooks, keep=True)
+            if not chunks:  # resumed after its last round's checkpoint: its final files are due
+                record.client_metrics = client_scores(program, {}, state, dataset)
+            if record.status == "diverged":
+                raise TrainingDivergedError(records.divergence_message(config, record.diverged_row,
+                                                                       record.rows))
+        except BaseException as stop:  # every stop leaves a summary with its status
+            status = ("diverged" if isinstance(stop, TrainingDivergedError)
+                      else "interrupted" if isinstance(stop, KeyboardInterrupt) else "error")
+            for observer in observers:
+                observer.stopped(summary_with(status))
+            raise
+        finally:
+            hooks.stop_tracing()  # a run stopped inside the profiled rounds
+
+        faults.point("finished")  # the last checkpoint is written, the final files not yet
+        summary = summary_with("completed")
+        final_assignment = record.assignments[-1] if record.assignments else None
+        clients = records.client_table(dataset, record.client_metrics, final_assignment)
+        stacked = np.stack(record.assignments) if record.assignments else None
+        embedding = None
+        if program.clustered and config.embed_clients > 0:
+            embedding = _embedding(program, store.kind, config, state, data, rounds_key,
+                                   final_assignment, dataset)
+        result = RunResult(config, summary, record.rows, clients, program.algorithm_state(state),
+                           stacked,
+                           np.asarray(record.assignment_rounds) if stacked is not None else None,
+                           embedding, getattr(state, "rows", None))
+        for observer in observers:
+            observer.finished(result)
+        return result
     finally:
         program.close()
-
-
-def _run_program(program, store, config, dataset, started, observers, profile_dir, output,
-                 resume_dir, init_key, rounds_key) -> RunResult:
-    data = dataset.arrays
-    if store.kind != "device":
-        output.moved.append(lambda folder: program.move_to(folder / STORE_FOLDER))
-    plan = program.plan
-    compiled_before = program.compile_seconds  # (a kept program has compiled already)
-    program.compile_init({}, init_key, data)
-    memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
-                              memory.resident_bytes(data))
-    if program.start_streamed:  # said before the start, which trains every client
-        announce(store)
-    resuming = resume_dir is not None and checkpoint.exists(resume_dir)  # (else round 1)
-    init_start = time.perf_counter()
-    state = program.initial_state({}, init_key, data, resuming)
-    init_seconds = time.perf_counter() - init_start
-    record = MemberRecord()
-    chunks = program.chunks
-    checkpoints = output.checkpoints
-    if resuming:
-        saved, done = restore(resume_dir, program.checkpoint_template(state), rounds_key,
-                              record)
-        state = program.restored(saved)
-        if checkpoints is not None:
-            checkpoints.resumed_at(done)
-        chunks = [(first, count) for first, count in chunks if first > done]
-    later = ()
-    if program.clustered:  # cluster metrics arrive with evaluated rounds
-        later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
-                                      if dataset.true_cluster is not None else ())
-    # Compile every program the run needs before the first round (from JAX's persistent cache
-    # when it holds them), so that round times are training alone.
-    program.compile_rounds({}, state, rounds_key, data)
-    memory.check_program_fits(program.working_bytes(init=False), "a round", config,
-                              memory.resident_bytes(data, state))
-    if not program.start_streamed:  # said once the run is sure to start
-        announce(store)
-    for observer in observers:
-        observer.started(config, later)
-        for row in record.rows:  # a resumed run's rows so far
-            observer.round(row)
-
-    def summary_with(status: str) -> dict[str, Any]:
-        out = records.summary(config, dataset, record, started, plan, status)
-        return {**out, "init_seconds": init_seconds,
-                "compile_seconds": program.compile_seconds - compiled_before,
-                "low_rank": plan.low_rank, "devices": engine.client_shards(),
-                "transform": program.transform.name,
-                "client_store": store.kind, "client_store_reason": store.reason}
-
-    def save(last_round: int, state) -> None:
-        checkpoints.save(last_round, program.checkpoint_state(last_round, state), rounds_key,
-                         config.to_dict(),
-                         {"rows": record.rows, "round_seconds": record.round_seconds,
-                          "assignment_rounds": record.assignment_rounds}, record.assignments)
-        program.checkpointed()
-
-    # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
-    last = len(chunks) - 1
-    profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
-    # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
-    # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
-    stop_requests = StopRequests() if checkpoints is not None else None
-    hooks = _RunHooks(observers, profile_dir, profiled if profile_dir else range(0), save,
-                      output, stop_requests, config.rounds)
-    try:
-        with stop_requests or contextlib.nullcontext():
-            state = run_rounds(program, config, dataset, state, {}, rounds_key, [record], chunks,
-                               hooks, keep=True)
-        if not chunks:  # resumed after its last round's checkpoint: its final files are due
-            record.client_metrics = client_scores(program, {}, state, dataset)
-        if record.status == "diverged":
-            raise TrainingDivergedError(records.divergence_message(config, record.diverged_row,
-                                                                   record.rows))
-    except BaseException as stop:  # every stop leaves a summary with its status
-        status = ("diverged" if isinstance(stop, TrainingDivergedError)
-                  else "interrupted" if isinstance(stop, KeyboardInterrupt) else "error")
-        for observer in observers:
-            observer.stopped(summary_with(status))
-        raise
-    finally:
-        hooks.stop_tracing()  # a run stopped inside the profiled rounds
-
-    faults.point("finished")  # the last checkpoint is written, the final files not yet
-    summary = summary_with("completed")
-    final_assignment = record.assignments[-1] if record.assignments else None
-    clients = records.client_table(dataset, record.client_metrics, final_assignment)
-    stacked = np.stack(record.assignments) if record.assignments else None
-    embedding = None
-    if program.clustered and config.embed_clients > 0:
-        embedding = _embedding(program, store.kind, config, state, data, rounds_key,
-                               final_assignment, dataset)
-    result = RunResult(config, summary, record.rows, clients, program.algorithm_state(state),
-                       stacked,
-                       np.asarray(record.assignment_rounds) if stacked is not None else None,
-                       embedding, getattr(state, "rows", None))
-    for observer in observers:
-        observer.finished(result)
-    return result
 
 
 def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state, data,

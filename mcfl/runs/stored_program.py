@@ -106,8 +106,8 @@ class StoredProgram(RoundProgram):
             rows = with_fresh(client_state, initial, stored, written, clients)
             like = client_state.fresh(initial, clients[:1])
             key = jax.random.fold_in(rounds_key, r)
-            exchange = exchange_for(algorithm, transform, state.algorithm, clients,
-                                    to_training(rows, like), state.transform, key)
+            exchange = exchange_for(transform, clients, to_training(rows, like),
+                                    state.transform, key)
             shared, metrics, exchange = algorithm.round(state.algorithm, data, key, hp(values),
                                                         exchange)
             new = to_storage(exchange.rows, dtype)

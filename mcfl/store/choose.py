@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.algorithms.stored import to_storage
-from mcfl.planning import memory
+from mcfl.runtime import memory
 
 # The share of free memory stored rows may take on the device or the host.
 FIT_SHARE = 0.5

@@ -28,9 +28,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from mcfl.planning.memory import device_available
 from mcfl.runs.execution import run_keys
 from mcfl.runs.program import RoundProgram
+from mcfl.runtime.memory import device_available
 from mcfl.sweeps.spec import Member
 
 # Share of the free memory a chunk's programs may use (the rest: the dataset's own arrays,
@@ -48,7 +48,7 @@ def default_width() -> Optional[int]:
 
 def memory_budget() -> int:
     """Bytes a chunk's programs may take: a share of the device's free memory (on CPU, of the
-    host's available memory; `mcfl.planning.memory`)."""
+    host's available memory; `mcfl.runtime.memory`)."""
     return int(MEMORY_SHARE * device_available())
 
 
