@@ -17,6 +17,13 @@ class TrainingDivergedError(McflError, FloatingPointError):
     """Training produced NaN or inf; results up to the previous round were kept."""
 
 
+def first_line(error: BaseException) -> str:
+    """An exception as one line for a message: its type and the first line of its text (at
+    most 300 characters), e.g. "ValueError: boom"."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
 def choice_error(name: str, value, allowed) -> ConfigError:
     """`ConfigError` for a value outside a fixed set, naming the allowed ones."""
     allowed = ", ".join(str(a) for a in allowed)

@@ -351,6 +351,26 @@ def test_a_registered_dataset_runs_end_to_end(tmp_path):
         load_dataset(split.replace(dataset_args={"n": 3}))
 
 
+@register("test-user-no-test-rows")
+def _no_test_rows() -> mcfl.data.FederatedDataset:
+    """Two clients split by the user, with no test rows."""
+    x, y = _blobs(20)
+    return from_clients(train=[(x[:10], y[:10]), (x[10:], y[10:])], test=[([], []), ([], [])])
+
+
+def test_a_users_split_without_test_rows_is_told_to_give_some(tmp_path):
+    """The advice names what a user's factory can change (its split), not --test-fraction,
+    which a dataset split by its factory refuses."""
+    with pytest.raises(DataError) as caught:
+        mcfl.run(mcfl.RunConfig(dataset="test-user-no-test-rows", rounds=1),
+                 out_dir=tmp_path / "run")
+    assert str(caught.value) == (
+        "the dataset 'user' has no test rows for its 2 client(s); runs are scored on test rows: "
+        "have its factory give them test rows (mcfl.data.from_clients(train=..., test=...), or "
+        "clients=[...] to split each client's rows)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_registered_name_may_not_be_a_built_in_one(monkeypatch):
     from mcfl.data import registry
 
@@ -374,6 +394,14 @@ def load(n=20, clients=3):
 
 def not_data():
     return 7
+
+
+def nothing_back(n=20):
+    rows = np.zeros((n, 4))  # (forgot the return)
+
+
+def missing_file(n=20):
+    return np.loadtxt("/nonexistent-mcfl-dir/sensors.csv")
 """
 
 
@@ -389,6 +417,16 @@ def test_an_import_path_dataset_runs_from_python(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"^dataset 'user_data_py:not_data': its factory "
                                         r"returned int; it must return a FederatedDataset"):
         load_dataset(mcfl.RunConfig(dataset="user_data_py:not_data", clients=2))
+    with pytest.raises(DataError, match=r"^dataset 'user_data_py:nothing_back': its factory "
+                                        r"returned NoneType; it must return a FederatedDataset"):
+        load_dataset(mcfl.RunConfig(dataset="user_data_py:nothing_back", clients=2))
+    # a factory that raises: one line naming it, its arguments and the error
+    with pytest.raises(DataError) as caught:
+        load_dataset(mcfl.RunConfig(dataset="user_data_py:missing_file", clients=2,
+                                    dataset_args={"n": 5}))
+    assert str(caught.value) == (
+        "dataset 'user_data_py:missing_file': its factory failed with dataset_args {'n': 5}: "
+        "FileNotFoundError: /nonexistent-mcfl-dir/sensors.csv not found.")
     for name, message in [("user_data_py:nothing", "module 'user_data_py' has no attribute "
                                                    "'nothing'"),
                           ("no_such_module_xyz:load", "cannot import 'no_such_module_xyz'")]:
@@ -412,3 +450,18 @@ def test_an_import_path_dataset_runs_from_the_command_line(tmp_path, capsys):
     assert capsys.readouterr().err == ("mcfl: error: dataset 'user_data_nope:load': cannot "
                                        "import 'user_data_nope' (No module named "
                                        "'user_data_nope')\n")
+    # a factory that raises, or returns nothing: one line, exit code 2, no run folder
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for name, message in [
+                ("user_data_cli:missing_file", "its factory failed with dataset_args {'n': 12}: "
+                 "FileNotFoundError: /nonexistent-mcfl-dir/sensors.csv not found."),
+                ("user_data_cli:nothing_back", "its factory returned NoneType; it must return "
+                 "a FederatedDataset (mcfl.data.from_clients) or LabelledArrays (pooled rows)")]:
+            out = tmp_path / name.replace(":", "-")
+            argv[-1] = str(out)
+            assert main([*argv, "--dataset", name]) == 2
+            assert capsys.readouterr().err == f"mcfl: error: dataset {name!r}: {message}\n"
+            assert not out.exists()
+    finally:
+        sys.path.remove(str(tmp_path))

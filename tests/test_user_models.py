@@ -5,6 +5,8 @@ loop, and the fast paths found by structure against the generic path."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -102,8 +104,11 @@ def test_a_module_that_does_not_fit_the_data_is_one_line():
 
     with pytest.raises(ConfigError, match="takes no 'train' keyword"):
         make_model(Stateful(), (5,), 3)
-    with pytest.raises(ConfigError, match="must be a flax.linen.Module"):
+    with pytest.raises(ConfigError, match=r"^model '<lambda>': its factory returned str; a "
+                                          r"model factory must return a flax.linen.Module"):
         make_model(lambda shape, classes: "not a module", (5,), 3)
+    with pytest.raises(ConfigError, match="must be a flax.linen.Module"):
+        mcfl.models.from_module("not a module", (5,), 3)
 
 
 def test_registry_and_import_paths(tmp_path, monkeypatch):
@@ -164,6 +169,225 @@ def test_cli_runs_a_model_by_import_path_and_refuses_a_bad_one(tmp_path, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == ("mcfl: error: model 'clinets:bad' maps inputs (2, 60) to (2, 11); it must "
                        "give logits of shape (2, 10): one per class of the data")
+
+
+# ----------------------------------------------------------------------------------------------
+# A user's model that fails anywhere before round 1: one line naming it and the mode
+
+
+class IntLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x).astype(jnp.int32)
+
+
+class ComplexLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x).astype(jnp.complex64)
+
+
+class FailsInTraining(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if train:
+            raise ValueError("boom in training")
+        return nn.Dense(10)(x)
+
+
+class FailsInEvaluation(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if not train:
+            raise ValueError("boom in evaluation")
+        return nn.Dense(10)(x)
+
+
+class WantsAnotherKey(nn.Module):
+    """Noise from a PRNG stream of its own in training: mcfl gives only 'dropout'."""
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        logits = nn.Dense(10)(x)
+        if train:
+            logits = logits + jax.random.normal(self.make_rng("noise"), logits.shape)
+        return logits
+
+
+@jax.custom_vjp
+def _no_gradient(x):
+    return x
+
+
+def _refuse_gradient(residuals, g):
+    raise ValueError("no gradient through here")
+
+
+_no_gradient.defvjp(lambda x: (x, None), _refuse_gradient)
+
+
+class FailsUnderGrad(nn.Module):
+    """Evaluates, but its gradient raises (a custom rule that refuses)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return _no_gradient(nn.Dense(10)(x))
+
+
+class NanLogits(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x) * jnp.nan
+
+
+class NanInTraining(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        logits = nn.Dense(10)(x)
+        return jnp.log(logits - logits) if train else logits  # log 0 = -inf
+
+
+def broken_factory(feature_shape, num_classes, width=4):
+    raise RuntimeError("factory boom")
+
+
+def not_a_model_factory(feature_shape, num_classes):
+    return {"layers": 2}
+
+
+TRAINING = "called with train=True and a 'dropout' PRNG key, "
+BAD_MODELS = [
+    (IntLogits(), "model 'IntLogits' returns int32 logits; it must return floating-point logits "
+     "[batch, classes] (cross-entropy and its gradient need real numbers)"),
+    (ComplexLogits(), "model 'ComplexLogits' returns complex64 logits; it must return "
+     "floating-point logits [batch, classes]"),
+    (FailsInTraining(), f"model 'FailsInTraining' fails in training mode ({TRAINING}vmapped "
+     f"over clients): ValueError: boom in training"),
+    (FailsInEvaluation(), "model 'FailsInEvaluation' fails in evaluation mode (train=False) on "
+     "inputs of shape (2, 60) (the data's feature shape (60,)): ValueError: boom in evaluation"),
+    (WantsAnotherKey(), f"model 'WantsAnotherKey' fails in training mode ({TRAINING}vmapped over "
+     f"clients): InvalidRngError: "),
+    (FailsUnderGrad(), "model 'FailsUnderGrad' fails in training mode (differentiated in its "
+     "parameters and vmapped over clients): ValueError: no gradient through here"),
+    (NanLogits(), "model 'NanLogits' gives non-finite logits (NaN or infinity) on the first "
+     "batch (10 training rows, at its initial parameters, in evaluation mode)"),
+    (NanInTraining(), "model 'NanInTraining' gives non-finite logits (NaN or infinity) on the "
+     "first batch (10 training rows, at its initial parameters, in training mode)"),
+    (broken_factory, "model 'broken_factory' could not be built: RuntimeError: factory boom"),
+    (not_a_model_factory, "model 'not_a_model_factory': its factory returned dict; a model "
+     "factory must return a flax.linen.Module whose __call__(x) gives logits"),
+]
+
+
+@pytest.mark.parametrize("model, message", BAD_MODELS,
+                         ids=[getattr(m, "__name__", type(m).__name__) for m, _ in BAD_MODELS])
+def test_a_model_that_fails_before_round_one_is_one_line_and_leaves_no_folder(
+        model, message, tmp_path):
+    """Through `mcfl.run`: a `ConfigError` starting with the message (naming the model, the
+    mode and the error), raised before the run folder is made."""
+    config = mcfl.RunConfig(clients=4, rounds=1, synthetic_alpha=0.5, embed_clients=0)
+    with pytest.raises(ConfigError) as caught:
+        mcfl.run(config, model=model, out_dir=tmp_path / "run")
+    text = str(caught.value)
+    assert text.startswith(message) and "\n" not in text
+    assert not (tmp_path / "run").exists()
+    if isinstance(model, WantsAnotherKey):
+        assert text.endswith("; mcfl gives a model one PRNG stream, 'dropout', and only in "
+                             "local steps, where it calls a model whose __call__ takes `train` "
+                             "with train=True")
+
+
+def test_the_mode_checks_are_abstract_and_pass_good_models():
+    """`make_model` traces a user's model in both modes without compiling (a model that trains
+    with dropout and batch norm passes); mcfl's own registered models are not traced again;
+    a factory's arguments are named when it fails with them."""
+    assert make_model(NormNet(), (5,), 3).takes_train
+    with pytest.raises(ConfigError, match=r"^model 'broken_factory' could not be built with "
+                                          r"\{'width': 3\}: RuntimeError: factory boom$"):
+        make_model(broken_factory, (5,), 3, model_args={"width": 3})
+
+    class AlwaysDropout(nn.Module):  # dropout at evaluation too: no key is given there
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.Dropout(0.5, deterministic=False)(x))
+
+    with pytest.raises(ConfigError, match=r"^model 'AlwaysDropout' fails on inputs of shape "
+                                          r"\(2, 5\) .*InvalidRngError: .*; mcfl gives a model "
+                                          r"one PRNG stream, 'dropout', and only in local steps"):
+        make_model(AlwaysDropout(), (5,), 3)
+    from mcfl.models.build import is_users
+
+    assert not is_users("mlp") and not is_users("cnn-cifar")
+    assert is_users(NormNet()) and is_users(broken_factory) and is_users("usernets:Net")
+
+
+BAD_MODULE = """
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+def int_logits(feature_shape, num_classes):
+    return IntNet(num_classes)
+
+
+class IntNet(nn.Module):
+    classes: int
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.classes)(x).astype(jnp.int32)
+
+
+class TrainBoom(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        if train:
+            raise ValueError("boom")
+        return nn.Dense(10)(x)
+
+
+class NanNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x) / 0.0 * 0.0
+
+
+def raises(feature_shape, num_classes):
+    raise KeyError("depth")
+"""
+
+
+def test_cli_refuses_a_failing_model_in_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
+    (tmp_path / "clibad.py").write_text(textwrap.dedent(BAD_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    common = ["run", "--clients", "4", "--rounds", "1", "--synthetic-alpha", "0.5",
+              "--embed-clients", "0"]
+    expected = {
+        "clibad:int_logits": "model 'clibad:int_logits' returns int32 logits; it must return "
+                             "floating-point logits [batch, classes]",
+        "clibad:TrainBoom": f"model 'clibad:TrainBoom' fails in training mode ({TRAINING}"
+                            f"vmapped over clients): ValueError: boom",
+        "clibad:raises": "model 'clibad:raises' could not be built: KeyError: 'depth'",
+    }
+    for name, message in expected.items():
+        out = tmp_path / name.replace(":", "-")
+        assert main(common + ["--model", name, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith(f"mcfl: error: {message}"), err
+        assert not out.exists()
+    # the last check (real values of one batch), from a process of its own: one line, no
+    # traceback, no folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "nan-run"
+    proc = subprocess.run([sys.executable, "-m", "mcfl", *common, "--no-compile-cache",
+                           "--model", "clibad:NanNet", "--out", str(out)],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("mcfl: error: model 'clibad:NanNet' gives non-finite logits "
+                                  "(NaN or infinity) on the first batch")
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not out.exists()
 
 
 def _reference_client(model, data, key, start, client, steps, lr, batch):

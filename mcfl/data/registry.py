@@ -18,7 +18,7 @@ from typing import Any, Union
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.federated import FederatedDataset
 from mcfl.data.user import check_pooled
-from mcfl.errors import ConfigError, DataError
+from mcfl.errors import ConfigError, DataError, McflError, first_line
 from mcfl.named import Registry
 
 Factory = Callable[..., Union[FederatedDataset, LabelledArrays]]
@@ -47,7 +47,8 @@ def resolve(name: str) -> Factory:
 
 def build(name: str, args: Mapping[str, Any]) -> Union[FederatedDataset, LabelledArrays]:
     """What the factory `name` makes of the keyword arguments `args`, checked: a
-    `FederatedDataset`, or `LabelledArrays` read as strictly as `from_arrays` reads rows."""
+    `FederatedDataset`, or `LabelledArrays` read as strictly as `from_arrays` reads rows. A
+    factory that raises, or returns anything else, is a one-line `DataError` naming it."""
     factory = resolve(name)
     try:
         inspect.signature(factory).bind(**args)
@@ -56,7 +57,14 @@ def build(name: str, args: Mapping[str, Any]) -> Union[FederatedDataset, Labelle
                           ) from None
     except ValueError:  # no signature to read (a builtin): the call will say
         pass
-    made = factory(**args)
+    try:
+        made = factory(**args)
+    except McflError:  # (one of mcfl's own checks, e.g. from_clients', says it already)
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the user's factory is reported
+        given = f" with dataset_args {dict(args)!r}" if args else ""
+        raise DataError(f"dataset {name!r}: its factory failed{given}: {first_line(e)}"
+                        ) from None
     if isinstance(made, LabelledArrays):
         check_pooled(made, f"dataset {name!r}")
     elif not isinstance(made, FederatedDataset):

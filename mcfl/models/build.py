@@ -9,10 +9,10 @@ from typing import Any, Optional
 
 import flax.linen as nn
 
-from mcfl.errors import ConfigError
+from mcfl.errors import ConfigError, McflError, first_line
 from mcfl.models import registry
 from mcfl.models.precision import with_precision
-from mcfl.models.spec import ModelSpec, from_module
+from mcfl.models.spec import ModelSpec, check_modes, from_module
 from mcfl.models.structure import with_fast_paths
 
 # The run settings a factory receives when its signature names them (the papers' models take
@@ -53,13 +53,18 @@ def _call_factory(name: str, factory, feature_shape, num_classes, model_args, se
                               f"(model_args)")
         call = lambda: factory(tuple(feature_shape), num_classes, **kwargs)  # noqa: E731
     try:
-        return call()
-    except ConfigError:
+        built = call()
+    except McflError:
         raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"model {name!r} could not be built with {kwargs}: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    except Exception as e:  # noqa: BLE001 - any failure of the user's factory is reported
+        given = f" with {kwargs}" if kwargs else ""
+        raise ConfigError(f"model {name!r} could not be built{given}: {first_line(e)}"
                           ) from None
+    if not isinstance(built, (nn.Module, ModelSpec)):
+        raise ConfigError(f"model {name!r}: its factory returned {type(built).__name__}; a "
+                          f"model factory must return a flax.linen.Module whose __call__(x) "
+                          f"gives logits (or a mcfl.models.ModelSpec)")
+    return built
 
 
 def make_model(
@@ -79,7 +84,11 @@ def make_model(
     flax module, or a `ModelSpec`. `model_args` go to the factory; `hidden` and `conv` too when
     it takes them. A module is checked on the data's shapes (`spec.from_module`), and gets
     the fast paths its structure allows (`structure.with_fast_paths`; "off": none), and
-    computes in `precision` (`precision.with_precision`: "bfloat16" on float32 weights)."""
+    computes in `precision` (`precision.with_precision`: "bfloat16" on float32 weights).
+
+    A user's model (anything but a model mcfl registers itself, `is_users`) is also traced in
+    training and evaluation mode as local training and evaluation call it (`spec.check_modes`),
+    so that a model failing only there is a one-line `ConfigError` before anything runs."""
     model_args = dict(model_args or {})
     settings = {"hidden": tuple(hidden), "conv": conv}
     if isinstance(model, ModelSpec):
@@ -99,7 +108,19 @@ def make_model(
                               f"the data has {tuple(feature_shape)}")
     else:
         built = from_module(built, feature_shape, num_classes, name)
+    if is_users(model):
+        check_modes(built, num_classes)
     return with_precision(with_fast_paths(built, fast_paths, conv), precision)
+
+
+def is_users(model: Any) -> bool:
+    """Whether `model` (what `make_model` takes) is a user's: a Python object, an import path,
+    or a name registered outside mcfl; mcfl's own registered models are not (its tests check
+    them)."""
+    if not isinstance(model, str) or ":" in model:
+        return True
+    factory = registry.resolve(model)
+    return not (getattr(factory, "__module__", None) or "").startswith("mcfl.")
 
 
 # A config's model when the model was given as a Python object (`mcfl.run(config, model=M)`):

@@ -18,12 +18,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from mcfl.errors import ConfigError
+from mcfl.errors import ConfigError, first_line
 
 PyTree = Any
 
@@ -151,9 +152,26 @@ def takes_train_keyword(module: nn.Module) -> bool:
     return "train" in parameters
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+def _logits_problem(out, batch: int, num_classes: int) -> Optional[str]:
+    """What is wrong with a forward pass's output (abstract, from `jax.eval_shape`) as logits
+    of `batch` rows, or None: they must be floating-point [batch, num_classes]."""
+    if not hasattr(out, "shape") or not hasattr(out, "dtype"):
+        return f"returns {type(out).__name__}; it must return an array of logits"
+    if tuple(out.shape) != (batch, num_classes):
+        return (f"maps inputs of {batch} rows to {tuple(out.shape)}; it must give logits of shape "
+                f"({batch}, {num_classes}): one per class of the data")
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        return (f"returns {out.dtype} logits; it must return floating-point logits [batch, "
+                f"classes] (cross-entropy and its gradient need real numbers)")
+    return None
+
+
+def _rng_hint(error: BaseException) -> str:
+    """What to add to a failure for want of a PRNG stream (flax's `InvalidRngError`)."""
+    if not isinstance(error, flax.errors.InvalidRngError):
+        return ""
+    return ("; mcfl gives a model one PRNG stream, 'dropout', and only in local steps, where "
+            "it calls a model whose __call__ takes `train` with train=True")
 
 
 def from_module(module: nn.Module, feature_shape: tuple[int, ...], num_classes: int,
@@ -162,9 +180,11 @@ def from_module(module: nn.Module, feature_shape: tuple[int, ...], num_classes: 
 
     The module is checked on the data's shapes before anything is compiled (abstractly, with
     `jax.eval_shape`: nothing is allocated): a module that fails on inputs [2, *feature_shape]
-    or whose output is not [2, num_classes] is a one-line `ConfigError` naming the shapes.
+    (in evaluation mode, ``train=False``, where it takes `train`), or whose output is not
+    floating-point logits [2, num_classes], is a one-line `ConfigError` naming the shapes.
     `fields` are the fast-path descriptions (`dense_layers`, `factored`, `hidden_units`) of a
-    model whose structure is known.
+    model whose structure is known. (`check_modes` traces a user's model as local training
+    calls it too.)
     """
     if not isinstance(module, nn.Module):
         raise ConfigError(f"a model must be a flax.linen.Module (or a factory returning one), "
@@ -179,17 +199,20 @@ def from_module(module: nn.Module, feature_shape: tuple[int, ...], num_classes: 
                                    jax.random.key(0), dummy)
         out = jax.eval_shape(lambda v, x: module.apply(v, x, **kwargs), variables, dummy)
     except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported
-        raise ConfigError(f"model {name!r} fails on inputs of shape {(2,) + feature_shape} "
-                          f"(the data's feature shape {feature_shape}): {_first_line(e)}"
-                          ) from None
+        mode = " in evaluation mode (train=False)" if takes_train else ""
+        raise ConfigError(f"model {name!r} fails{mode} on inputs of shape {(2,) + feature_shape} "
+                          f"(the data's feature shape {feature_shape}): {first_line(e)}"
+                          f"{_rng_hint(e)}") from None
     if "params" not in variables:
         raise ConfigError(f"model {name!r} has no parameters; it must declare trainable "
                           f"'params'")
-    if not hasattr(out, "shape") or tuple(out.shape) != (2, num_classes):
-        shape = getattr(out, "shape", type(out).__name__)
+    if hasattr(out, "shape") and tuple(out.shape) != (2, num_classes):
         raise ConfigError(f"model {name!r} maps inputs {(2,) + feature_shape} to "
-                          f"{tuple(shape) if hasattr(out, 'shape') else shape}; it must give "
-                          f"logits of shape (2, {num_classes}): one per class of the data")
+                          f"{tuple(out.shape)}; it must give logits of shape (2, {num_classes}): "
+                          f"one per class of the data")
+    problem = _logits_problem(out, 2, num_classes)
+    if problem is not None:
+        raise ConfigError(f"model {name!r} {problem}")
     collections = tuple(sorted(c for c in variables if c != "params"))
     if collections and not takes_train:
         raise ConfigError(f"model {name!r} keeps mutable state ({', '.join(collections)}) but its "
@@ -199,3 +222,55 @@ def from_module(module: nn.Module, feature_shape: tuple[int, ...], num_classes: 
     train_apply = _train_apply_fn(module, collections) if takes_train else None
     return ModelSpec(name, module, feature_shape, apply, collections=collections,
                      takes_train=takes_train, train_apply=train_apply, **fields)
+
+
+def check_modes(spec: ModelSpec, num_classes: int) -> None:
+    """Trace `spec` as the engine calls it, abstractly (`jax.eval_shape`: nothing is compiled
+    or allocated), so that a model failing only there is refused before a run starts, in one
+    line naming the model and the mode, instead of a traceback in round 1.
+
+    Training mode: its training forward (``train=True`` with a ``"dropout"`` PRNG key where it
+    takes `train`) and the gradient of a cross-entropy in its trainable parameters, vmapped over
+    clients as the engine trains them; its logits must be floating-point [rows, classes].
+    Evaluation mode: its forward (``train=False``) vmapped over clients. `from_module` has
+    checked one plain forward already; this is for a user's model (mcfl's own are tested)."""
+    rows = 2
+    x = jax.ShapeDtypeStruct((1, rows) + tuple(spec.feature_shape), jnp.float32)  # 1 client
+    keys = jax.random.split(jax.random.key(0), 1)
+    collections = spec.collections
+
+    def traced(fn, *args, mode: str, how: str):
+        try:
+            return jax.eval_shape(jax.vmap(fn), *args)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's module is reported
+            raise ConfigError(f"model {spec.name!r} fails {mode} ({how}): {first_line(e)}"
+                              f"{_rng_hint(e)}") from None
+
+    models = traced(spec.init, keys, mode="at initialisation", how="vmapped over clients")
+
+    def train_forward(model, x, key):
+        if spec.train_apply is None:
+            return spec.apply(model, x)
+        return spec.train_apply(model, x, key)[0]
+
+    def gradient(model, x, key):
+        def loss(params):
+            logits = train_forward(with_trainable_part(model, params, collections), x, key)
+            return -jnp.mean(jax.nn.log_softmax(logits.astype(jnp.float32))[:, 0])
+
+        return jax.grad(loss)(trainable_part(model, collections))
+
+    training = ("called with train=True and a 'dropout' PRNG key, " if spec.takes_train
+                else "")
+    for mode, how, fn, args in (
+            ("training", f"{training}vmapped over clients", train_forward, (models, x, keys)),
+            ("training", f"{training}differentiated in its parameters and vmapped over clients",
+             gradient, (models, x, keys)),
+            ("evaluation", "train=False, " * spec.takes_train + "vmapped over clients",
+             spec.apply, (models, x))):
+        out = traced(fn, *args, mode=f"in {mode} mode", how=how)
+        if fn is not gradient:  # (one client's logits)
+            problem = _logits_problem(jax.tree.map(lambda o: jax.ShapeDtypeStruct(
+                o.shape[1:], o.dtype), out), rows, num_classes)
+            if problem is not None:
+                raise ConfigError(f"model {spec.name!r} in {mode} mode {problem}")

@@ -12,16 +12,19 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 
 from mcfl import engine
 from mcfl.algorithms import local_training
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
+from mcfl.data.registry import is_user_dataset
 from mcfl.engine.sampling import resolve_clients_per_round
-from mcfl.errors import ConfigError, DataError
+from mcfl.errors import ConfigError, DataError, first_line
 from mcfl.models import count_params, make_model
-from mcfl.models.build import model_of
+from mcfl.models.build import is_users, model_of
 from mcfl.runtime import distributed
+from mcfl.runtime.memory import out_of_memory
 
 
 class RunPlan(NamedTuple):
@@ -47,17 +50,24 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     scored on them), training `model` (a flax module, factory or `ModelSpec`) when given, else
     the config's."""
     if int(dataset.test_counts().sum()) == 0:
-        where = ("its test/*.json files list none of them, or give --test-fraction to split "
-                 "their rows" if config.dataset == "leaf" else
-                 "give a larger --test-fraction or --samples-per-client, or fewer --clients so "
-                 "that each holds more rows")
+        if config.dataset == "leaf":
+            where = ("its test/*.json files list none of them, or give --test-fraction to "
+                     "split their rows")
+        elif is_user_dataset(config.dataset):  # (its split is its factory's)
+            where = ("have its factory give them test rows (mcfl.data.from_clients(train=..., "
+                     "test=...), or clients=[...] to split each client's rows)")
+        else:
+            where = ("give a larger --test-fraction or --samples-per-client, or fewer "
+                     "--clients so that each holds more rows")
         raise DataError(f"the dataset {dataset.name!r} has no test rows for its "
                         f"{dataset.num_clients} client(s); runs are scored on test rows: "
                         f"{where}")
-    model = make_model(model_of(config.model, model), dataset.feature_shape,
-                       dataset.num_classes, config.hidden, config.conv,
-                       model_args=config.model_args, fast_paths=config.fast_paths,
+    given = model_of(config.model, model)
+    model = make_model(given, dataset.feature_shape, dataset.num_classes, config.hidden,
+                       config.conv, model_args=config.model_args, fast_paths=config.fast_paths,
                        precision=config.precision)
+    if is_users(given):
+        check_first_batch(model, dataset, config)
     init_key = jax.random.key(0)  # shapes only
     params_count = count_params(jax.eval_shape(model.init, init_key))
     per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
@@ -72,6 +82,37 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
         params_count, per_round, low_rank=low_rank and model.dense_layers is not None)
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
     return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block)
+
+
+def check_first_batch(model, dataset: FederatedDataset, config: RunConfig) -> None:
+    """Refuse a user's model whose logits at the run's initial parameters are NaN or infinite on
+    the first batch of training rows (in evaluation mode, and in training mode where it has
+    one): it would diverge in round 1, and the fault is the model's (the rows are finite:
+    every loader checks them). One small compiled forward; a `ConfigError` naming the model."""
+    rows = min(config.batch_size, int(dataset.arrays.x_train.shape[0]))
+    x = dataset.arrays.x_train[:rows]
+    init_key, _ = run_keys(config.seed)
+
+    def finite(key, x):
+        variables = model.init(key)
+        modes = {"evaluation": model.apply(variables, x)}
+        if model.train_apply is not None:
+            modes["training"] = model.train_apply(variables, x, jax.random.fold_in(key, 1))[0]
+        return {mode: jnp.all(jnp.isfinite(logits)) for mode, logits in modes.items()}
+
+    try:
+        found = jax.device_get(jax.jit(finite)(init_key, x))
+    except Exception as e:  # noqa: BLE001 - a failure of the user's model when it runs
+        if out_of_memory(e) is not None:
+            raise
+        raise ConfigError(f"model {model.name!r} fails on the first batch of training rows "
+                          f"({rows}): {first_line(e)}") from None
+    bad = [mode for mode, ok in found.items() if not ok]
+    if bad:
+        raise ConfigError(f"model {model.name!r} gives non-finite logits (NaN or infinity) on "
+                          f"the first batch ({rows} training rows, at its initial parameters, "
+                          f"in {' and '.join(bad)} mode); the data are finite, so look at its "
+                          f"forward pass (a log or division of 0, an overflow)")
 
 
 def seed_key(seed: int) -> jax.Array:
