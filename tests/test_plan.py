@@ -8,14 +8,18 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from mcfl.apps import plan_command
 from mcfl.apps.cli import main
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
 from mcfl.engine.blocks import loop_scope, occasional_cond
 from mcfl.engine.training import mean_steps, steps_key
+from mcfl.errors import McflError
+from mcfl.planning import estimate
 from mcfl.planning.cost import Cost, traced_cost, xla_cost
 from mcfl.planning.estimate import bound_on, client_loop_trips, estimate_run
 from mcfl.planning.targets import TARGETS, Target, for_device
+from mcfl.runtime import memory
 
 M, K, STEPS = 8, 16, 10
 
@@ -182,3 +186,53 @@ def test_a_run_on_a_disk_store_is_planned_with_its_store(capsys):
     document = json.loads(capsys.readouterr().out)
     assert document["store"].startswith("disk") and document["stored_bytes"] == 10 * 610 * 4
     assert document["programs"]["round"]["flops"] > 0
+
+
+def test_a_run_whose_data_cannot_fit_is_planned_from_its_config_alone(tmp_path, monkeypatch,
+                                                                       capsys):
+    """`mcfl plan` sizes the data from the config before building anything: for data that
+    cannot fit it prints their estimate against the memory here and on each target, and
+    refuses as `mcfl run` does (the same line, exit code 2), instead of an out-of-memory
+    error after a long build."""
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1G")
+
+    def built(*args, **kwargs):
+        raise AssertionError("mcfl plan built the data or the programs")
+
+    for module, name in ((plan_command, "estimate_run"), (plan_command, "measure_cpu"),
+                         (estimate, "load_dataset"), (estimate, "with_all_users")):
+        monkeypatch.setattr(module, name, built)
+    argv = ["plan", "--clients", "100000000", "--no-cache", "--target", "cpu-here,h200"]
+    assert main(argv) == 2
+    planned = capsys.readouterr()
+    fit = memory.data_fit(RunConfig(clients=100_000_000))
+    assert not fit.fits and fit.host > 10**12  # terabytes: Synthetic's mean client has ~450 rows
+    lines = planned.out.splitlines()
+    assert lines[0].startswith("fedavg on synthetic: 100,000,000 clients")
+    assert f"{fit.need.device / 1e12:.3g} TB on the device" in lines[1]
+    assert f"needs {fit.host / 1e12:.3g} TB of host memory, 1.07 GB available" in lines[2]
+    assert "does NOT fit" in lines[2]
+    rows = {line.split()[0]: line.split() for line in lines[5:7]}
+    assert rows["cpu-here"][-2:] == ["GB", "NO"] and rows["h200"][-3:] == ["141", "GB", "NO"]
+    assert planned.err.startswith("mcfl: error: synthetic with 100,000,000 clients needs about")
+    assert planned.err.count("\n") == 1
+    # the estimate and the refusal are mcfl run's own
+    assert main(["run", "--clients", "100000000", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == planned.err == f"mcfl: error: {fit.problem}\n"
+    assert main(argv + ["--json"]) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert document["error"] == fit.problem and document["here"]["fits"] is False
+    assert document["data_bytes"] == fit.need.device
+    assert document["targets"]["h200"] == {
+        "devices": 1, "need_bytes": fit.need.device, "memory_bytes": 141e9, "fits": False,
+        "source": TARGETS["h200"].source}
+    assert document["targets"]["cpu-here"]["memory_bytes"] == 2**30
+
+
+def test_estimate_run_refuses_data_too_large_before_building_them(monkeypatch):
+    """`estimate_run` (mcfl plan's library call) refuses data too large as `mcfl.run` does,
+    before loading them."""
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1M")
+    monkeypatch.setattr(estimate, "load_dataset", lambda *a: pytest.fail("data were built"))
+    with pytest.raises(McflError, match="synthetic with 100,000 clients needs about"):
+        estimate_run(RunConfig(clients=100_000), compile=False)

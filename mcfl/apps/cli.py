@@ -41,9 +41,11 @@ from mcfl.apps.flags import (
     add_config_flags,
     add_log_flag,
     add_overwrite_flag,
+    add_verbose_flag,
     check_cache_dir,
     setup_compile_cache,
 )
+from mcfl.apps.logs import library_logs
 from mcfl.apps.plan_command import cmd_plan
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.data.export import FORMATS
@@ -129,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write a jax.profiler trace of rounds 2-3 to DIR (with "
                        "--scan-rounds: of the second chunk of rounds)")
     add_log_flag(p_run, "the run")
+    add_verbose_flag(p_run)
     p_run.set_defaults(func=cmd_run)
 
     p_sweep = sub.add_parser(
@@ -151,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
     add_overwrite_flag(p_sweep, "sweep")
     add_log_flag(p_sweep, "each member (a tracking run each, grouped by grid point)")
+    add_verbose_flag(p_sweep)
     p_sweep.set_defaults(func=cmd_sweep)
 
     p_reproduce = sub.add_parser(
@@ -176,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_overwrite_flag(p_reproduce, "table")
     add_cache_flags(p_reproduce)
     add_compile_cache_flag(p_reproduce)
+    add_verbose_flag(p_reproduce)
     p_reproduce.set_defaults(func=cmd_reproduce)
 
     p_data = sub.add_parser("data", help="inspect a federated dataset")
@@ -231,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="accuracy within which a smaller K is preferred (default "
                           "%(default)s)")
     p_select.add_argument("--out", default="runs/select-k", metavar="DIR")
+    add_verbose_flag(p_select)
     p_select.set_defaults(func=cmd_select_k)
 
     p_demo = sub.add_parser(
@@ -240,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--rounds", type=int, default=None, help="override the demo's rounds")
     p_demo.add_argument("--clients", type=int, default=None, help="override the demo's clients")
     add_compile_cache_flag(p_demo)
+    add_verbose_flag(p_demo)
     p_demo.set_defaults(func=cmd_demo)
 
     p_plan = sub.add_parser(
@@ -251,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="machines to size the run for (repeatable or comma-separated): "
                         f"{', '.join(NAMES)}, all (default {','.join(DEFAULT_TARGETS)})")
     p_plan.add_argument("--json", action="store_true", help="print JSON")
+    add_verbose_flag(p_plan)
     p_plan.set_defaults(func=cmd_plan)
 
     p_bench = sub.add_parser(
@@ -277,7 +285,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_cache_dir(args)
         if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
             setup_compile_cache(args)
-        return args.func(args)
+        # the commands that build programs print their results, not XLA's or the libraries'
+        # log lines, unless --verbose (the others have no flag and log as they do)
+        with library_logs(getattr(args, "verbose", True)):
+            return args.func(args)
     except (McflError, ConfigError) as e:
         print(f"mcfl: error: {e}", file=sys.stderr)
         return 2

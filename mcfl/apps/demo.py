@@ -17,8 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-from tqdm import tqdm
-
+from mcfl.apps.progress import progress_bar
 from mcfl.config import RunConfig
 from mcfl.data import load_dataset
 from mcfl.files.figures import plot_runs
@@ -64,7 +63,9 @@ def run_demo(out: Path, rounds: Optional[int] = None, clients: Optional[int] = N
         summaries, curves = {}, {}
         for name, extra in exp.algorithms.items():
             config = base.replace(algorithm=name, **extra)
-            with tqdm(total=config.rounds, desc=name, unit="round", dynamic_ncols=True) as bar:
+            # (off unless on a terminal: `mcfl demo > log` keeps its tables, not the frames)
+            with progress_bar(total=config.rounds, desc=name, unit="round",
+                              dynamic_ncols=True) as bar:
 
                 def progress(r, row, bar=bar):
                     if "accuracy_micro" in row:

@@ -97,6 +97,12 @@ def add_log_flag(parser: argparse.ArgumentParser, what: str) -> None:
                         "mlflow:URI, wandb or wandb:PROJECT (repeatable; mcfl.tracking)")
 
 
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="let XLA, JAX, absl and orbax log to stderr as they do (default: "
+                        "their warnings and XLA's alarms are kept off; mcfl.apps.logs)")
+
+
 def setup_compile_cache(args) -> None:
     """Turn JAX's persistent compilation cache on unless the flag or the environment say no;
     bench children learn it through the environment (only theirs: an in-process command,

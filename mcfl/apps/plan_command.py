@@ -1,6 +1,11 @@
 """`mcfl plan`: what a run needs (work, memory, sizes) and, for each named machine, whether it
 fits and the least time a round and the run can take there (`mcfl.planning.estimate`),
 without training.
+
+The data are sized from the config before anything is built (`mcfl.runtime.memory.data_fit`,
+the figure `mcfl run` refuses with): a run whose data cannot fit here gets that estimate, the
+memory here and on each target, and the refusal `mcfl run` gives (exit code 2), in a second
+instead of an out-of-memory error after a long build.
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
+import jax
+
 from mcfl.apps.flags import cache_dir_from_args, config_from_args
-from mcfl.errors import choice_error
+from mcfl.config import RunConfig
+from mcfl.errors import McflError, choice_error
 from mcfl.planning.estimate import RunEstimate, TargetBound, bound_on, estimate_run
 from mcfl.planning.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
 from mcfl.runtime import memory
@@ -43,6 +51,14 @@ def cmd_plan(args) -> int:
     names = parse_targets(args.target)
     config = config_from_args(args)
     start = time.perf_counter()
+    fit = memory.data_fit(config)
+    if fit is not None and not fit.fits:  # nothing is built: the data's estimate is the plan
+        seconds = time.perf_counter() - start
+        if args.json:
+            print(json.dumps(unfit_document(config, fit, names, seconds), indent=1))
+        else:
+            print(format_unfit(config, fit, names, seconds))
+        raise McflError(fit.problem)  # as `mcfl run` refuses it: one line, exit code 2
     estimate = estimate_run(config, cache_dir=cache_dir_from_args(args))
     bounds = [bound_on(estimate, t, estimate.config.precision) for t in targets_of(names)]
     seconds = time.perf_counter() - start
@@ -53,10 +69,73 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def data_targets(fit: memory.DataFit, names: Sequence[str]
+                 ) -> list[tuple[Optional[Target], int, float]]:
+    """(target (None: cpu-here), bytes its data need per device, bytes it has) for a run not
+    planned further: on this machine's CPU the rows and the generator's temporaries share the
+    host's available memory; an accelerator holds the rows on each device (`bound_on`)."""
+    out = []
+    for name in names:
+        if name == CPU_HERE:  # (its memory, without timing its arithmetic: nothing will run)
+            out.append((None, fit.need.host + fit.need.device, fit.host_available))
+        else:
+            out.append((TARGETS[name], fit.need.device, TARGETS[name].memory))
+    return out
+
+
+def format_unfit(config: RunConfig, fit: memory.DataFit, names: Sequence[str],
+                 seconds: float) -> str:
+    """The plan of a run whose data cannot be built here: their size, from the config, against
+    the memory here and on each target."""
+    clients = "all" if config.clients is None else f"{config.clients:,}"
+    here = (f"{_size(fit.host)} of host memory, {_size(fit.host_available)} available "
+            "(the CPU backend keeps the rows there too)" if memory.on_host() else
+            f"{_size(fit.host)} of host memory ({_size(fit.host_available)} available) and "
+            f"{_size(fit.device)} of device memory ({_size(fit.device_available)} available)")
+    lines = [
+        f"{config.algorithm} on {config.dataset}: {clients} clients, {config.rounds} rounds; "
+        f"model {config.model}",
+        f"data (estimated from the config; nothing was built): {_size(fit.need.device)} on "
+        f"the device, {_size(fit.need.host)} more on the host while they are made",
+        f"here ({jax.default_backend()}): needs {here}: does NOT fit",
+        "",
+        f"{'target':<10} {'devices':>7} {'data/device':>12} {'has':>9} {'fits':>4}",
+    ]
+    for target, need, has in data_targets(fit, names):
+        name, devices = (CPU_HERE, 1) if target is None else (target.name, target.devices)
+        lines.append(f"{name:<10} {devices:>7} {_size(need):>12} {_size(has):>9} "
+                     f"{'yes' if need <= has else 'NO':>4}")
+    lines += [
+        "(the data alone: a run also needs its state and its programs' temporaries, which "
+        "mcfl plan counts once the data fit here)",
+        f"planned in {seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def unfit_document(config: RunConfig, fit: memory.DataFit, names: Sequence[str],
+                   seconds: float) -> dict:
+    """`mcfl plan --json` of a run whose data cannot be built here."""
+    targets = {}
+    for target, need, has in data_targets(fit, names):
+        targets[CPU_HERE if target is None else target.name] = {
+            "devices": 1 if target is None else target.devices, "need_bytes": need,
+            "memory_bytes": has, "fits": need <= has,
+            "source": "this machine's available memory" if target is None else target.source}
+    return {
+        "config": config.to_dict(), "dataset": config.dataset, "clients": config.clients,
+        "data_bytes": fit.need.device, "data_host_bytes": fit.need.host,
+        "here": {"backend": jax.default_backend(), "host_bytes": fit.host,
+                 "host_available_bytes": fit.host_available, "device_bytes": fit.device,
+                 "device_available_bytes": fit.device_available, "fits": False},
+        "targets": targets, "error": fit.problem, "plan_seconds": seconds,
+    }
+
+
 def _size(n: Optional[float]) -> str:
     if n is None:
         return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"

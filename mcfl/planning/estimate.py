@@ -37,6 +37,7 @@ from mcfl.planning.targets import Target
 from mcfl.runs.execution import plan_run, run_keys
 from mcfl.runs.program import footprint, round_program
 from mcfl.runs.stored_program import run_program
+from mcfl.runtime import memory
 
 
 class ProgramEstimate(NamedTuple):
@@ -93,8 +94,11 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
                  cache_dir: Optional[str | Path] = None, compile: bool = True) -> RunEstimate:
     """Build and compile `config`'s programs here, run nothing, and count what they need.
     Without `compile`, the programs are only traced: the counts are the same, the footprints
-    and XLA's own figures unknown (what `mcfl bench` needs beside a round it measured)."""
+    and XLA's own figures unknown (what `mcfl bench` needs beside a round it measured).
+    Data that cannot fit here are refused, from the config, before they are built (as
+    `mcfl.run` refuses them)."""
     if dataset is None:
+        memory.check_data_fits(config)
         config, dataset = with_all_users(config, cache_dir)
         if dataset is None:
             dataset = load_dataset(config, cache_dir)

@@ -4,7 +4,8 @@ Two checks refuse a run that cannot fit, each with one line giving the figure an
 change, instead of an out-of-memory error after a long build:
 
 - `check_data_fits(config)`, before the dataset is built: its rows (on the device) and the
-  generator's temporaries (on the host), from the config alone (`data_bytes`). For Synthetic
+  generator's temporaries (on the host), from the config alone (`data_bytes`; `data_fit` gives
+  the figures, which `mcfl plan` prints for a run that cannot fit). For Synthetic
   the clients' sizes are drawn exactly as the generator draws them; array datasets are bounded
   by their source; LEAF folders by the size of their files.
 - `check_program_fits(...)`, after a program is compiled and before it runs: XLA's own
@@ -142,15 +143,35 @@ def gib(count: float) -> str:
     return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.1f} MiB"
 
 
-def check_data_fits(config) -> None:
-    """Refuse a config whose dataset cannot be built in this machine's memory."""
+class DataFit(NamedTuple):
+    """What building a config's dataset takes here, beside what this machine has
+    (`data_fit`): host memory holds the generator's temporaries, and on the CPU backend the
+    rows too; device memory the rows (0 on the CPU backend)."""
+
+    need: Need
+    host: int
+    device: int
+    host_available: int
+    device_available: int
+    problem: Optional[str]  # the refusal in one line (what to change); None when it fits
+
+    @property
+    def fits(self) -> bool:
+        return self.problem is None
+
+
+def data_fit(config) -> Optional[DataFit]:
+    """`config`'s dataset against this machine's memory, from the config alone (nothing is
+    built); None where its size cannot be told before it is read (`data_bytes`)."""
     need = data_bytes(config)
     if need is None:
-        return
+        return None
     host = need.host + (need.device if on_host() else 0)
     device = 0 if on_host() else need.device
-    for needed, available, where in ((host, host_available(), "host memory"),
-                                     (device, device_available(), "device memory")):
+    host_free, device_free = host_available(), device_available()
+    problem = None
+    for needed, available, where in ((host, host_free, "host memory"),
+                                     (device, device_free, "device memory")):
         if needed > available:
             clients = config.clients or 0
             fits = int(clients * available / needed) if clients else 0
@@ -159,10 +180,19 @@ def check_data_fits(config) -> None:
                 advice += " or --samples-per-client"
             elif config.dataset == "fedem-synthetic" and config.test_fraction is None:
                 advice += " or a --test-fraction (instead of 5000 test rows a client)"
-            raise McflError(f"{config.dataset} with {clients:,} clients needs about "
-                            f"{gib(needed)} of {where} for {need.what}; "
-                            f"{gib(available)} is available: {advice} (or set "
-                            f"{LIMIT_VARIABLE} if the figure is wrong)")
+            problem = (f"{config.dataset} with {clients:,} clients needs about "
+                       f"{gib(needed)} of {where} for {need.what}; "
+                       f"{gib(available)} is available: {advice} (or set "
+                       f"{LIMIT_VARIABLE} if the figure is wrong)")
+            break
+    return DataFit(need, host, device, host_free, device_free, problem)
+
+
+def check_data_fits(config) -> None:
+    """Refuse a config whose dataset cannot be built in this machine's memory."""
+    fit = data_fit(config)
+    if fit is not None and not fit.fits:
+        raise McflError(fit.problem)
 
 
 def resident_bytes(*trees) -> int:
