@@ -157,7 +157,11 @@ def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypa
     assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "training diverged in round 3: non-finite train_loss=nan" in err
-    assert "rounds 1-2 were kept" in err and "smaller --lr 0.01 or --server-lr 1.0" in err
+    # a concrete smaller step (a tenth of the run's 0.01), not the value the run had; the
+    # server's step of 1 (plain averaging) is not blamed
+    assert "rounds 1-2 were kept" in err
+    assert "Try a smaller step, --lr 0.001 (a tenth of 0.01)" in err
+    assert "server-lr" not in err
     rounds = _csv(out / "rounds.csv")
     assert [int(r["round"]) for r in rounds] == [1, 2]
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
@@ -175,12 +179,29 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
     assert data[1] == tuple(np.asarray(jax.random.key_data(jax.random.key(1))))  # unchanged
 
 
-def test_divergence_in_round_one_keeps_no_round_and_names_the_settings():
+def test_divergence_in_round_one_points_at_the_model_or_the_data_first():
     config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
     text = mcfl.runs.records.divergence_message(config, {"round": 1, "train_loss": float("inf"),
                                             "discrepancy": 0.5}, [])
     assert text == ("training diverged in round 1: non-finite train_loss=inf; no round was "
-                    "kept. Try a smaller --lr 0.5, or check the data for extreme values")
+                    "kept. Values that are non-finite from the first round usually come from "
+                    "the model or the data, not the learning rate: check that the model gives "
+                    "finite logits and that the data hold no extreme values; if both are sound, "
+                    "try a smaller step, --lr 0.05 (a tenth of 0.5)")
+
+
+def test_divergence_later_advises_a_smaller_step_than_the_runs():
+    """A concrete smaller --lr (a tenth of the run's), and the server's step back to plain
+    averaging only where the run's is above 1."""
+    rows = [{"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 9.0}]
+    row = {"round": 3, "train_loss": float("nan")}
+    message = mcfl.runs.records.divergence_message
+    assert message(mcfl.RunConfig(algorithm="fedavg", lr=0.03, server_lr=2.5), row, rows) == (
+        "training diverged in round 3: non-finite train_loss=nan; rounds 1-2 were kept. Try a "
+        "smaller step, --lr 0.003 (a tenth of 0.03) or --server-lr 1 (plain averaging; now "
+        "2.5), or check the data for extreme values")
+    assert "--server-lr" not in message(mcfl.RunConfig(algorithm="fedavg", server_lr=0.5),
+                                        row, rows)
 
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch):

@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import algorithm as build
 from conftest import ragged_dataset
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -14,9 +15,12 @@ from scipy.linalg import subspace_angles
 from scipy.spatial.distance import pdist
 from sklearn.metrics import adjusted_rand_score
 
+import mcfl
 from mcfl.algorithms.clustered import flat_models
 from mcfl.algorithms.pacfl import client_subspaces, smallest_angles
+from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining
+from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from tests.reference import reference_local_train
 
@@ -102,3 +106,42 @@ def test_flhc_clusters_every_clients_update_by_ward_after_the_warmup():
                                    atol=1e-5)
     assert float(metrics["num_clusters"]) == 3
     chex.assert_shape(state.assignment, (8,))
+
+
+def test_settings_that_would_do_nothing_are_refused_in_one_line(tmp_path, capsys):
+    """FL+HC's warm-up as long as the run (no clustering round: plain FedAvg) and PACFL's
+    p vectors with 2p above the features (every two subspaces share a direction: every angle
+    0, the clustering arbitrary) are refused, naming the value and what is allowed."""
+    with pytest.raises(ConfigError, match=r"^flhc_warmup=10 leaves no round for FL\+HC's "
+                                          r"clustering \(round 11\) in a run of 5 rounds; "
+                                          r"allowed: 0 to 4$"):
+        mcfl.RunConfig(algorithm="flhc", rounds=5)
+    assert mcfl.RunConfig(algorithm="flhc", rounds=5, flhc_warmup=4).params.warmup == 4
+    assert main(["run", "--algorithm", "flhc", "--rounds", "3", "--flhc-warmup", "3",
+                 "--out", str(tmp_path / "flhc")]) == 2
+    assert capsys.readouterr().err == (
+        "mcfl: error: flhc_warmup=3 leaves no round for FL+HC's clustering (round 4) in a run "
+        "of 3 rounds; allowed: 0 to 2\n")
+
+    # why 2p > d is refused: 4-dimensional subspaces of R^6 always meet (angle 0)
+    data = ragged_dataset([7, 30, 12, 3, 21], num_features=6, seed=2).arrays
+    subspaces = client_subspaces(data, jnp.arange(5, dtype=jnp.int32), 4)
+    np.testing.assert_allclose(np.asarray(smallest_angles(subspaces)), 0, atol=0.5)
+    model = make_model("mclr", (6,), 3)
+    training = LocalTraining(model.apply, lr=0.1, batch_size=10)
+    with pytest.raises(ConfigError) as caught:
+        build("pacfl", model, training, 4, 4, clusters=2, pacfl_vectors=4).init(
+            data, jax.random.key(0))
+    assert str(caught.value) == (
+        "pacfl_vectors=4: the data have 6 features, and two subspaces of 4 dimensions in 6 "
+        "always share a direction, so every angle PACFL clusters by would be 0; allowed: 1 to 3")
+    build("pacfl", model, training, 4, 4, clusters=2, pacfl_vectors=3).init(
+        data, jax.random.key(0))  # 3 of 6: accepted
+    # through the command line (Synthetic's 60 features): exit code 2, one line
+    assert main(["run", "--algorithm", "pacfl", "--pacfl-vectors", "31", "--clients", "4",
+                 "--clusters", "2", "--rounds", "1", "--embed-clients", "0",
+                 "--out", str(tmp_path / "pacfl")]) == 2
+    err = capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    assert err.startswith("mcfl: error: pacfl_vectors=31: the data have 60 features")
+    assert err.endswith("allowed: 1 to 30\n") and len(err.splitlines()) == 1

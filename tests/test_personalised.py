@@ -66,9 +66,29 @@ def test_a_layer_count_the_model_cannot_split_is_one_clear_error(ragged):
     model = make_model("mlp", (5,), 3, hidden=(8,))
     training = LocalTraining(model.apply, lr=0.05, batch_size=10)
     algorithm = build("fedper", model, training, 4, 3, layers=2)
-    with pytest.raises(ConfigError, match=r"fedper_layers=2: the model has 2 layers "
-                       r"\(Dense_0, Dense_1\); between 1 and 1"):
+    with pytest.raises(ConfigError, match=r"^fedper_layers=2: model 'mlp' has 2 layers "
+                       r"\(Dense_0, Dense_1\); allowed: 1 \(a client's own; the rest are "
+                       r"shared\)$"):
         algorithm.init(ragged.arrays, jax.random.key(0))
+
+
+ONE_LAYER_NEEDS = {
+    "fedper": "fedper needs a model with base layers to share and personalisation layers to keep",
+    "lg_fedavg": "lg_fedavg needs a model with local layers to keep and global layers to share",
+    "fedrep": "fedrep needs a model with a body and a head",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_LAYER_NEEDS))
+def test_a_one_layer_model_is_refused_naming_what_the_algorithm_needs(ragged, name):
+    """The default model, MCLR, has one layer: the message says what the algorithm needs and
+    which model has it, not an empty range of layer counts."""
+    model = make_model("mclr", (5,), 3)
+    algorithm = build(name, model, LocalTraining(model.apply, lr=0.05, batch_size=10), 4, 3)
+    with pytest.raises(ConfigError) as caught:
+        algorithm.init(ragged.arrays, jax.random.key(0))
+    assert str(caught.value) == (f"{ONE_LAYER_NEEDS[name]} (at least two layers), e.g. --model "
+                                 f"mlp; 'mclr' has one (Dense_0)")
 
 
 def test_ditto_global_and_personal_models_as_a_per_client_loop(ragged):

@@ -50,6 +50,21 @@ def test_select_k_runs_each_candidate_on_a_sample(tmp_path, capsys):
         select_k(config.replace(algorithm="fedavg"), [2], dataset=data)
 
 
+def test_select_k_refuses_a_sample_above_the_clients():
+    """A sample of more clients than the dataset has would sample them all: refused, naming
+    the value and the range (the default samples every client of a dataset under 100)."""
+    data = planted_gaussian(12)
+    config = mcfl.RunConfig(algorithm="fesem", clients=12)
+    for sample in (13, 100, 0, 2.5):
+        with pytest.raises(ConfigError) as caught:
+            select_k(config, [2], sample=sample, dataset=data)
+        assert str(caught.value) == (f"--sample must be a number of clients from 1 to the "
+                                     f"dataset's 12, got {sample!r}")
+    with pytest.raises(ConfigError, match=r"^K = 13 exceeds the 12 sampled clients; allowed: "
+                                          r"K up to 12$"):
+        select_k(config, [2, 13], dataset=data)  # (the default sample: all 12)
+
+
 def test_plot_clusters_from_a_run_folder(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["run", "--algorithm", "ifca", "--dataset", "digits", "--partition",

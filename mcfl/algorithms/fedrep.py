@@ -61,7 +61,8 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
     refuse_stateful(model, "fedrep")
 
     def head_of(params):
-        return own_layers(model, params.head_layers, True, "fedrep_head_layers")
+        return own_layers(model, params.head_layers, True, "fedrep_head_layers",
+                          "fedrep needs a model with a body and a head")
 
     def init(data, key, hp):
         del data

@@ -32,18 +32,28 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative, squared_distances
 from mcfl.clustering.linkage import LINKAGES
 from mcfl.engine import RoundClients, occasional_cond, train_and_collect
+from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
 class FLHCParams:
-    warmup: int = setting(10, "FedAvg rounds before the clustering round (the paper's n)",
+    warmup: int = setting(10, "FedAvg rounds before the clustering round (the paper's n); "
+                          "fewer than the run's rounds",
                           key="flhc_warmup", minimum=0)
     linkage: str = setting("ward", "linkage of the hierarchical clustering of updates",
                            key="flhc_linkage", choices=LINKAGES)
     threshold: float = setting(0.0, "merge clusters closer than this Euclidean distance "
                                "between updates (at most K clusters); 0: exactly K clusters",
                                key="flhc_threshold", minimum=0)
+
+    def check(self, config) -> None:
+        # The clustering round is round warmup + 1: a warm-up as long as the run makes FL+HC
+        # plain FedAvg.
+        if self.warmup >= config.rounds:
+            raise ConfigError(f"flhc_warmup={self.warmup} leaves no round for FL+HC's clustering "
+                              f"(round {self.warmup + 1}) in a run of {config.rounds} rounds; "
+                              f"allowed: 0 to {config.rounds - 1}")
 
 
 @register("flhc", FLHCParams, clustered=True, reference="Briggs et al., 2020, FL+HC",

@@ -18,6 +18,7 @@ hundreds to few thousands of clients of the paper's experiments.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from mcfl.algorithms.clustered import ClusterState, clustered_algorithm, fixed_c
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative
 from mcfl.engine.blocks import map_blocks
+from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
 # Clients whose subspaces are computed together (each holds its padded rows [n_max, d]).
@@ -36,10 +38,24 @@ SUBSPACE_BLOCK = 16
 @dataclasses.dataclass(frozen=True)
 class PACFLParams:
     vectors: int = setting(3, "p: left singular vectors of each client's data matrix sent "
-                           "to the server (Sec. 3.1)", key="pacfl_vectors", minimum=1)
+                           "to the server (Sec. 3.1); at most half the features (more make "
+                           "every angle 0: refused)", key="pacfl_vectors", minimum=1)
     threshold: float = setting(0.0, "beta: merge clusters closer than this many degrees (at "
                                "most K clusters); 0: exactly K clusters", key="pacfl_threshold",
                                minimum=0)
+
+
+def check_vectors(p: int, features: int) -> None:
+    """Refuse p vectors that cannot tell clients apart: two p-dimensional subspaces of R^d
+    with 2p > d share a direction (their sum has at most d dimensions), so every smallest
+    angle would be 0 (and p > d vectors do not exist)."""
+    if 2 * p > features:
+        allowed = (f"1 to {features // 2}" if features >= 4 else "1" if features >= 2 else
+                   "none: PACFL needs at least 2 features")
+        raise ConfigError(f"pacfl_vectors={p}: the data have {features} features, and two "
+                          f"subspaces of {p} dimensions in {features} always share a "
+                          f"direction, so every angle PACFL clusters by would be 0; allowed: "
+                          f"{allowed}")
 
 
 def client_subspaces(data, clients: jax.Array, p: int) -> jax.Array:
@@ -80,6 +96,7 @@ def pacfl(context: AlgorithmContext) -> FederatedAlgorithm:
     model, num_clusters = context.model, context.num_clusters
 
     def init(data, key, hp):
+        check_vectors(hp.params.vectors, math.prod(data.x_train.shape[1:]))
         clients = jnp.arange(data.num_clients, dtype=jnp.int32)
         subspaces = client_subspaces(data, clients, hp.params.vectors)
         threshold = hp.params.threshold

@@ -51,13 +51,19 @@ def layer_names(model) -> list[str]:
     return list(params)
 
 
-def own_layers(model, count: int, last: bool, setting_key: str) -> frozenset[str]:
-    """The `count` first (or `last`) layers of `model`: a client's own."""
+def own_layers(model, count: int, last: bool, setting_key: str, needs: str) -> frozenset[str]:
+    """The `count` first (or `last`) layers of `model`: a client's own. `needs` says what the
+    algorithm needs of a model ("fedrep needs a model with a body and a head"), for a model of
+    one layer, which no count can split."""
     names = layer_names(model)
+    if len(names) < 2:
+        raise ConfigError(f"{needs} (at least two layers), e.g. --model mlp; {model.name!r} has "
+                          f"one ({names[0] if names else 'none'})")
     if not 1 <= count < len(names):
-        raise ConfigError(f"{setting_key}={count}: the model has {len(names)} layers "
-                          f"({', '.join(names)}); between 1 and {len(names) - 1} can be a "
-                          f"client's own, the rest are shared")
+        allowed = "1" if len(names) == 2 else f"1 to {len(names) - 1}"
+        raise ConfigError(f"{setting_key}={count}: model {model.name!r} has {len(names)} layers "
+                          f"({', '.join(names)}); allowed: {allowed} (a client's own; the rest "
+                          f"are shared)")
     return frozenset(names[-count:] if last else names[:count])
 
 
@@ -134,7 +140,9 @@ class FedPerParams:
 def fedper(context: AlgorithmContext) -> FederatedAlgorithm:
     return partial_personalisation(
         context,
-        lambda params: own_layers(context.model, params.layers, True, "fedper_layers"))
+        lambda params: own_layers(context.model, params.layers, True, "fedper_layers",
+                                  "fedper needs a model with base layers to share and "
+                                  "personalisation layers to keep"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,4 +158,6 @@ class LGParams:
 def lg_fedavg(context: AlgorithmContext) -> FederatedAlgorithm:
     return partial_personalisation(
         context,
-        lambda params: own_layers(context.model, params.local_layers, False, "lg_local_layers"))
+        lambda params: own_layers(context.model, params.local_layers, False, "lg_local_layers",
+                                  "lg_fedavg needs a model with local layers to keep and "
+                                  "global layers to share"))

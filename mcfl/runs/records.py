@@ -96,16 +96,25 @@ def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) 
 
 def divergence_message(config: RunConfig, row: dict[str, Any],
                        rows: list[dict[str, Any]]) -> str:
-    """What a round with a non-finite metric says: which values, which rounds are kept, and
-    the settings that scale the updates."""
+    """What a round with a non-finite metric says: which values, which rounds are kept, and what
+    to change. Round 1 non-finite already points at the model or the data (a learning rate
+    rarely overflows in one round); later, a smaller step: a tenth of the run's --lr, and a
+    server step back to plain averaging (1) where the run's is above it."""
     bad = ", ".join(f"{k}={v}" for k, v in row.items() if not math.isfinite(v))
     kept = f"rounds 1-{rows[-1]['round']} were kept" if rows else "no round was kept"
-    causes = [f"--lr {config.lr}"]
+    steps = [f"--lr {config.lr / 10:g} (a tenth of {config.lr:g})"]
     server_lr = getattr(config.params, "server_lr", None)
-    if server_lr is not None:
-        causes.append(f"--server-lr {server_lr}")
+    if server_lr is not None and server_lr > 1:
+        steps.append(f"--server-lr 1 (plain averaging; now {server_lr:g})")
+    smaller = " or ".join(steps)
+    if row["round"] == 1:
+        return (f"training diverged in round 1: non-finite {bad}; {kept}. Values that are "
+                f"non-finite from the first round usually come from the model or the data, "
+                f"not the learning rate: check that the model gives finite logits and that the "
+                f"data hold no extreme values; if both are sound, try a smaller step, "
+                f"{smaller}")
     return (f"training diverged in round {row['round']}: non-finite {bad}; {kept}. Try a "
-            f"smaller {' or '.join(causes)}, or check the data for extreme values")
+            f"smaller step, {smaller}, or check the data for extreme values")
 
 
 def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, started: float,

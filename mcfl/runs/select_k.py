@@ -23,26 +23,36 @@ from mcfl.data.federated import subset_clients
 from mcfl.errors import ConfigError
 from mcfl.runs.runner import run
 
+# The paper's sample: about 100 clients (every client of a dataset with fewer).
+DEFAULT_SAMPLE = 100
 
-def select_k(config: RunConfig, candidates: Sequence[int], sample: int = 100, rounds: int = 3,
-             tolerance: float = 0.005, dataset: Optional[FederatedDataset] = None,
+
+def select_k(config: RunConfig, candidates: Sequence[int], sample: Optional[int] = None,
+             rounds: int = 3, tolerance: float = 0.005,
+             dataset: Optional[FederatedDataset] = None,
              progress: Optional[Callable[[dict], None]] = None, model: Any = None
              ) -> dict[str, Any]:
     """Each candidate K of ``config.algorithm`` (a clustered one) for `rounds` rounds on
-    `sample` clients drawn with the config's seed. Returns {"rows": one dict per K (final
-    accuracy micro / macro, intra-cluster distance, seconds), "recommended": K,
-    "clients": the sampled client ids}. `model`: a user's model, as in `mcfl.run`."""
+    `sample` clients drawn with the config's seed (default: `DEFAULT_SAMPLE`, or every client
+    of a dataset with fewer; a sample above the dataset's clients is refused, as it would
+    sample no more than all of them). Returns {"rows": one dict per K (final accuracy micro /
+    macro, intra-cluster distance, seconds), "recommended": K, "clients": the sampled client
+    ids}. `model`: a user's model, as in `mcfl.run`."""
     if not config.clustered:
         raise ConfigError(f"select-k needs a clustered algorithm, not {config.algorithm!r}")
     candidates = sorted(set(candidates))
     if not candidates or min(candidates) < 1:
         raise ConfigError(f"candidate K values must be integers >= 1, got {candidates}")
     dataset = dataset if dataset is not None else load_dataset(config)
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-        raise ConfigError(f"--sample must be an integer >= 1 (clients), got {sample!r}")
-    size = min(sample, dataset.num_clients)
+    clients = dataset.num_clients
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int)
+                               or not 1 <= sample <= clients):
+        raise ConfigError(f"--sample must be a number of clients from 1 to the dataset's "
+                          f"{clients}, got {sample!r}")
+    size = min(DEFAULT_SAMPLE, clients) if sample is None else sample
     if max(candidates) > size:
-        raise ConfigError(f"K = {max(candidates)} exceeds the {size} sampled clients")
+        raise ConfigError(f"K = {max(candidates)} exceeds the {size} sampled clients; "
+                          f"allowed: K up to {size}")
     rng = np.random.default_rng(config.seed)
     chosen = np.sort(rng.choice(dataset.num_clients, size, replace=False))
     subset = subset_clients(dataset, chosen)
