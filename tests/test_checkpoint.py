@@ -123,8 +123,8 @@ def test_resume_refuses_another_config_and_bad_requests(tmp_path, capsys):
         (["--resume", cut, "--lr", "0.1"], "drop --lr"),
         (["--resume", cut, "--overwrite"], "contradict"),
         (["--resume", str(tmp_path / "none")], "no such folder (it takes a run's folder)"),
-        (["--resume", str(tmp_path)], "holds no run to resume (run.json and a checkpoint "
-         "are missing); start the run again with --out"),
+        (["--resume", str(tmp_path)], "holds no run to resume (no run.json, checkpoint or "
+         "rounds)"),
         (["--resume", cut, "--out", str(tmp_path / "x")], "drop --out"),
         (["--clients", "4", "--checkpoint-every", "0", "--out", str(tmp_path / "y")],
          "checkpoint_every must be an integer >= 1 (rounds), got 0"),

@@ -151,7 +151,7 @@ def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):
     assert (out / "cells" / "fedavg" / "members.csv").is_file()
     with pytest.raises(ConfigError, match="unknown cell 'FedMagic'; allowed: FedAvg"):
         reproduce.run_table("flexcfl-table3-synthetic", tmp_path / "x", cells=["FedMagic"])
-    with pytest.raises(Exception, match="already holds a run"):
+    with pytest.raises(Exception, match="already holds a reproduced table"):
         reproduce.run_table("flexcfl-table3-synthetic", out, cells=["FedAvg"])
 
 

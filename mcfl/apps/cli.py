@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(p_sweep)
     add_cache_flags(p_sweep)
     add_compile_cache_flag(p_sweep)
-    p_sweep.add_argument("--seeds", default="0", metavar="LIST",
+    p_sweep.add_argument("--seeds", metavar="LIST",
                          help="seeds of every grid point: 0-7 or 0,3,5 (default 0)")
     p_sweep.add_argument("--grid", action="append", metavar="NAME=V1,V2",
                          help="a setting and its values (repeatable; every combination runs)")
@@ -151,8 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
                          "one dataset, the config's data seed")
     p_sweep.add_argument("--members-per-chunk", type=int, metavar="N",
                          help="most members per program (default: as many as fit in memory)")
-    p_sweep.add_argument("--out", default="runs/sweep", metavar="DIR")
+    p_sweep.add_argument("--out", metavar="DIR", help="output folder (default runs/sweep)")
     add_overwrite_flag(p_sweep, "sweep")
+    p_sweep.add_argument("--resume", metavar="SWEEP_DIR",
+                         help="finish the sweep stopped in SWEEP_DIR with its own settings (no "
+                         "others): finished members are kept, the chunk under way continues "
+                         "from its checkpoint; the tables equal an uninterrupted sweep's")
+    p_sweep.add_argument("--checkpoint-every", type=int, metavar="N",
+                         help="checkpoint the members under way every N rounds (default: every "
+                         "5 minutes; always on Ctrl-C / SIGTERM)")
     add_log_flag(p_sweep, "each member (a tracking run each, grouped by grid point)")
     add_verbose_flag(p_sweep)
     p_sweep.set_defaults(func=cmd_sweep)
@@ -178,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(femnist/data, celeba/data inside); Fashion-MNIST tables: a "
                              "folder with its IDX files (default: Debian's)")
     add_overwrite_flag(p_reproduce, "table")
+    p_reproduce.add_argument("--resume", metavar="TABLE_DIR",
+                             help="finish the table stopped in TABLE_DIR with its own settings: "
+                             "finished cells are kept, a cell stopped midway continues from "
+                             "its checkpoint")
     add_cache_flags(p_reproduce)
     add_compile_cache_flag(p_reproduce)
     add_verbose_flag(p_reproduce)
@@ -228,8 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_compile_cache_flag(p_select)
     p_select.add_argument("--k", required=True, metavar="LIST",
                           help="candidate K values, e.g. 2,3,4,5,6")
-    p_select.add_argument("--sample", type=int, default=100,
-                          help="clients sampled for the trials (default %(default)s)")
+    p_select.add_argument("--sample", type=int, default=None,
+                          help="clients sampled for the trials (default: 100, or every client "
+                          "of a dataset with fewer)")
     p_select.add_argument("--candidate-rounds", type=int, default=3,
                           help="rounds per candidate (default %(default)s)")
     p_select.add_argument("--tolerance", type=float, default=0.005,

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from mcfl import models, reproduce, tracking
 from mcfl.apps import bench
 from mcfl.apps.bench_point import FEATURES
@@ -18,13 +16,14 @@ from mcfl.apps.demo import run_demo
 from mcfl.apps.describe import format_description, plot_label_distribution
 from mcfl.apps.flags import DATA_FLAGS, cache_dir_from_args, config_from_args
 from mcfl.apps.plots import plot_clusters
+from mcfl.apps.progress import progress_bar
 from mcfl.apps.select_k import write_select_k
 from mcfl.config import RunConfig, algorithm_names, all_keys, from_dict
 from mcfl.data import load_dataset
 from mcfl.data.describe import describe
 from mcfl.data.export import export_dataset
-from mcfl.errors import ConfigError
-from mcfl.files import checkpoint
+from mcfl.errors import ConfigError, McflError
+from mcfl.files import checkpoint, kinds
 from mcfl.files.figures import check_figure_path
 from mcfl.files.run_folder import SETTINGS_FILE, check_target
 from mcfl.runs.resume import resume_settings
@@ -51,8 +50,8 @@ class _LazyBar:
 
     def started(self, config, later_columns) -> None:
         if self._bar is None:
-            self._bar = tqdm(total=self._total, desc=self._desc, unit="round",
-                             dynamic_ncols=True, disable=None)  # (None: off unless a terminal)
+            self._bar = progress_bar(total=self._total, desc=self._desc, unit="round",
+                                     dynamic_ncols=True)  # (off unless on a terminal)
 
     def update(self, r, row) -> None:
         self.started(None, ())
@@ -171,7 +170,58 @@ def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
 
 
 def cmd_sweep(args) -> int:
-    config = config_from_args(args)
+    trackers = tracking.from_specs(args.log)  # a bad --log or a missing library: one line
+    checkpoint.check_every(args.checkpoint_every)
+    if args.resume is not None:
+        _refuse_with_resume(args, ("seeds", "grid", "algorithms", "data_seeds",
+                                   "members_per_chunk"))
+        config, grid, out = None, None, Path(args.resume)
+        if kinds.folder_kind(out) == "sweep" and kinds.status(out, "sweep") == "completed":
+            raise McflError(f"the sweep in {str(out)!r} completed; there is nothing to resume")
+    else:
+        config = config_from_args(args)
+        grid = _sweep_grid(args)
+        out = Path(args.out or "runs/sweep")
+    bars = []  # made at the first progress report, after every input was checked
+
+    def update(done, total):
+        if not bars:
+            bars.append(progress_bar(total=total, desc="sweep", unit="member-round",
+                                     dynamic_ncols=True))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        result = sweep(config, seeds=args.seeds or "0", grid=grid,
+                       data_seeds=args.data_seeds, out_dir=out,
+                       cache_dir=cache_dir_from_args(args),
+                       members_per_chunk=args.members_per_chunk, progress=update,
+                       overwrite=args.overwrite, observers=trackers, resume=args.resume,
+                       checkpoint_every=args.checkpoint_every)
+    except KeyboardInterrupt:
+        for bar in bars:
+            bar.close()
+        print(f"mcfl: interrupted; the members finished so far are in {out}/; finish the "
+              f"sweep with: mcfl sweep --resume {out}", file=sys.stderr)
+        return 130
+    finally:
+        for bar in bars:
+            bar.close()
+    print(format_sweep_summary(result))
+    groups = result.groups
+    print(f"{len(result.members)} members in {len(groups)} group(s) "
+          f"({', '.join(str(g.get('members_per_chunk')) for g in groups)} members per "
+          f"program); {result.spec['wall_seconds']:.1f} s; results in {out}/")
+    diverged = [m for m in result.members if m["status"] != "completed"]
+    for m in diverged:
+        print(f"mcfl: error: member {m['member']} (seed {m['seed']}"
+              + "".join(f", {k}={m[k]}" for k in result.point_names)
+              + f") diverged after round {m['rounds_completed']}; its rows so far are kept",
+              file=sys.stderr)
+    return 2 if diverged else 0
+
+
+def _sweep_grid(args) -> dict[str, tuple]:
     grid: dict[str, tuple] = {}
     if args.algorithms is not None:
         grid["algorithm"] = parse_grid(f"algorithm={args.algorithms}")[1]
@@ -180,38 +230,23 @@ def cmd_sweep(args) -> int:
         if name in grid:
             raise ConfigError(f"--grid {name} is given twice; list all its values in one flag")
         grid[name] = values
-    trackers = tracking.from_specs(args.log)  # a bad --log or a missing library: one line
-    out = Path(args.out)
-    bars = []  # made at the first progress report, after every input was checked
+    return grid
 
-    def update(done, total):
-        if not bars:
-            bars.append(tqdm(total=total, desc="sweep", unit="member-round",
-                             dynamic_ncols=True))
-        bars[0].n = done
-        bars[0].refresh()
 
-    try:
-        result = sweep(config, seeds=args.seeds, grid=grid,
-                       data_seeds=args.data_seeds, out_dir=out,
-                       cache_dir=cache_dir_from_args(args),
-                       members_per_chunk=args.members_per_chunk, progress=update,
-                       overwrite=args.overwrite, observers=trackers)
-    finally:
-        for bar in bars:
-            bar.close()
-    print(format_sweep_summary(result))
-    groups = result.groups
-    print(f"{len(result.members)} members in {len(groups)} group(s) "
-          f"({', '.join(str(g['members_per_chunk']) for g in groups)} members per program); "
-          f"{result.spec['wall_seconds']:.1f} s; results in {out}/")
-    diverged = [m for m in result.members if m["status"] != "completed"]
-    for m in diverged:
-        print(f"mcfl: error: member {m['member']} (seed {m['seed']}"
-              + "".join(f", {k}={m[k]}" for k in result.point_names)
-              + f") diverged after round {m['rounds_completed']}; its rows so far are kept",
-              file=sys.stderr)
-    return 2 if diverged else 0
+def _refuse_with_resume(args, flags: tuple[str, ...]) -> None:
+    """--resume continues with the settings saved in the folder: any other is refused."""
+    given = sorted(k for k, v in vars(args).items() if k in all_keys() and v is not None) + (
+        ["config"] if getattr(args, "config", None) else [])
+    given += [k for k in flags if getattr(args, k, None) not in (None, False) and k not in given]
+    if getattr(args, "overwrite", False):
+        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    if given:
+        raise ConfigError("--resume continues with the settings saved in its folder; drop "
+                          + ", ".join("--" + k.replace("_", "-") for k in given))
+    if getattr(args, "out", None) is not None and (
+            Path(args.out).resolve() != Path(args.resume).resolve()):
+        raise ConfigError(f"a resumed study writes to its own folder {args.resume!r}; drop "
+                          "--out")
 
 
 def format_sweep_summary(result) -> str:
@@ -237,20 +272,31 @@ def cmd_reproduce(args) -> int:
                   f"{needs}): {table.full.cost}\n    --quick ({quick.note}; {quick.seeds} "
                   f"seed{'s' if quick.seeds > 1 else ''}): {quick.cost}")
         return 0
-    if args.name is None:
+    if args.name is None and args.resume is None:
         raise ConfigError("name a table to reproduce; allowed: "
                           + ", ".join(reproduce.names()) + " (mcfl reproduce --list)")
-    reproduce.get(args.name)
-    out = Path(args.out) if args.out else Path("runs") / "reproduce" / (
-        args.name + ("-quick" if args.quick else ""))
+    if args.resume is not None:
+        _refuse_with_resume(args, ("name", "quick", "seeds", "cells", "data_dir"))
+        out = Path(args.resume)
+    else:
+        reproduce.get(args.name)
+        out = Path(args.out) if args.out else Path("runs") / "reproduce" / (
+            args.name + ("-quick" if args.quick else ""))
 
     def show(label, i, count):
         print(f"[{i + 1}/{count}] {label}", flush=True)
 
     cells = None if args.cells is None else split_list(args.cells, "--cells", "FedAvg,IFCA")
-    reproduce.run_table(args.name, out, quick=args.quick, seeds=args.seeds,
-                        cache_dir=cache_dir_from_args(args), progress=show,
-                        overwrite=args.overwrite, cells=cells, data_dir=args.data_dir)
+    try:
+        reproduce.run_table(args.name, out if args.resume is None else None, quick=args.quick,
+                            seeds=args.seeds, cache_dir=cache_dir_from_args(args),
+                            progress=show, overwrite=args.overwrite, cells=cells,
+                            data_dir=args.data_dir, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"mcfl: interrupted; the cells finished so far are in {out}/ (table.md says "
+              f"which are missing); finish the table with: mcfl reproduce --resume {out}",
+              file=sys.stderr)
+        return 130
     print((out / "table.md").read_text())
     print(f"table.md, table.csv, table.png and each cell's sweep folder: {out}/")
     return 0
@@ -307,6 +353,7 @@ def cmd_plot_clusters(args) -> int:
 def cmd_select_k(args) -> int:
     config = config_from_args(args)
     candidates = _int_list(args.k, "--k")
+    check_target(Path(args.out), True, "select-k")  # (its files are rewritten; no other kind's)
     print(f"{'K':>3} {'acc micro':>10} {'acc macro':>10} {'intra dist':>11} {'seconds':>8}")
 
     def show(row):
@@ -361,6 +408,7 @@ def cmd_bench(args) -> int:
         conv=args.conv,
     )
     out = Path(args.out)
+    check_target(out, True, "bench")  # (bench.json is rewritten; no other kind's files)
     for line in skipped:
         print(f"skipped: {line}")
     print(f"{len(points)} points, each in its own process; results in {out}/bench.json")
@@ -376,6 +424,7 @@ def _bench_suite(args) -> int:
         raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
     only = tuple(split_list(args.only, "--only", "cnn,table")) if args.only else ()
     out = Path(args.out)
+    check_target(out, True, "bench")
     where = "in this process" if args.tiny else "each in its own process"
     print(f"suite {args.suite}{' (tiny)' if args.tiny else ''}: workloads {where}; results in "
           f"{out}/bench.json and {out}/summary.md", flush=True)

@@ -12,6 +12,7 @@ from typing import Any
 from mcfl.errors import DataError
 from mcfl.files.figures import save_figure
 from mcfl.files.run_folder import load_run
+from mcfl.runs.records import outcome
 
 
 def _numbers(row: dict[str, str]) -> dict[str, Any]:
@@ -45,7 +46,8 @@ def load_sweep(folder: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, f
     for row in summary:
         point = [row.get(n) for n in names]
         label = f"{folder.name}: " + (", ".join(f"{n}={_shown(v)}" for n, v in zip(names, point))
-                                      or "all") + f" (n={int(row.get('completed', 0))})"
+                                      or "all") + f" (n={int(row.get('completed', 0))}" + (
+            f", {int(row['pending'])} not run)" if row.get("pending") else ")")
         curve: dict[float, list[tuple[float, float]]] = {}
         for r in rounds:
             if [r.get(n) for n in names] == point and "accuracy_micro" in r:
@@ -71,7 +73,9 @@ def _shown(value) -> str:
 
 
 def label_of(folder: Path, summary: dict[str, Any]) -> str:
-    return f"{folder.name} ({summary['config']['algorithm']})"
+    unfinished = (f", unfinished at round {summary.get('rounds_completed', 0)}"
+                  if summary.get("status") == "unfinished" else "")
+    return f"{folder.name} ({summary['config']['algorithm']}{unfinished})"
 
 
 def _number(value, spec: str) -> str:
@@ -132,6 +136,8 @@ def compare(folders: list[Path], out: Path) -> str:
             runs.update(load_sweep(folder))
             continue
         summary, rounds = load_run(folder)
+        if summary.get("status") == "unfinished":  # scored from its rows so far
+            summary = {**outcome(rounds), **summary}
         label = label_of(folder, summary)
         if label in runs:  # two folders of the same name and algorithm: show both, by path
             label = f"{folder} ({summary['config']['algorithm']})"

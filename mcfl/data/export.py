@@ -35,7 +35,7 @@ import numpy as np
 
 from mcfl.data.federated import FederatedDataset, from_splits
 from mcfl.errors import DataError
-from mcfl.files import atomic
+from mcfl.files import atomic, kinds
 
 FORMATS = ("leaf", "npz")
 MANIFEST = "mcfl_export.json"
@@ -59,8 +59,12 @@ def export_dataset(dataset: FederatedDataset, out: str | Path, fmt: str,
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; name a folder for the export")
+    kinds.check_kind(out, "export")  # --overwrite replaces an export, nothing else
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise DataError(f"--out {out} already holds files; pass --overwrite to replace them")
+    if out.is_dir() and any(out.iterdir()) and kinds.folder_kind(out) is None:
+        raise DataError(f"--out {out} holds files that are not an mcfl export (no {MANIFEST}); "
+                        "--overwrite replaces only an export: choose another --out")
     staging = out.with_name(f".{out.name}.exporting")
     shutil.rmtree(staging, ignore_errors=True)  # what a killed export left
     try:

@@ -7,7 +7,8 @@ rounds.csv appended), ``checkpoint`` (a checkpoint about to be written), ``finis
 rounds done and the last checkpoint written, the final files not yet), ``replace`` (a file's
 new version written, not yet renamed over the old), ``swap`` (a replacing run's file moved
 into place, others not yet), ``store_write`` (a client's row about to be written to a client
-store's folder, by the writer thread while the next round computes). Without the variable a
+store's folder, by the writer thread while the next round computes), ``cell`` (a reproduced
+table's cell done and its files written). Without the variable a
 point costs a dictionary lookup. tests/test_faults.py kills runs this way and resumes them.
 """
 

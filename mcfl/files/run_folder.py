@@ -27,7 +27,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mcfl.errors import DataError, McflError
-from mcfl.files import atomic, faults
+from mcfl.files import atomic, faults, kinds
 from mcfl.files.atomic import WriteError
 from mcfl.files.figures import plot_curves, title_of
 
@@ -44,47 +44,38 @@ def json_safe(value):
 
 # The files a run folder may hold (all of them mcfl's own; checkpoints/ is a folder).
 SETTINGS_FILE = "run.json"
-RUN_FILES = ("summary.json", "rounds.csv", "clients.csv", "curves.png", "assignments.npz",
-             "clients_pca.npz", "checkpoints", "client_store", SETTINGS_FILE)
+RUN_FILES = kinds.FILES["run"]
 
 
-def held_files(out_dir: Path, files: tuple[str, ...] = RUN_FILES) -> list[str]:
-    return [name for name in files if (out_dir / name).exists()]
+def held_files(out_dir: Path, kind: str = "run") -> list[str]:
+    """The files of `kind`'s results that `out_dir` holds."""
+    return [name for name in kinds.FILES[kind] if (out_dir / name).exists()]
 
 
-def check_target(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
+def check_target(out_dir: Path, overwrite: bool, kind: str = "run",
                  flag: str = "--overwrite") -> None:
-    """Refuse `out_dir` for a new run before anything runs, creating nothing: a path that is a
-    file, a folder holding another run's files (unless `overwrite`), a place that cannot be
-    written; each an error naming it."""
+    """Refuse `out_dir` for new results of `kind` (`mcfl.files.kinds`) before anything runs,
+    creating nothing: a path that is a file, a folder holding another kind's results (even
+    with `overwrite`), a folder holding results of this kind (unless `overwrite`), a place
+    that cannot be written; each an error naming it."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise McflError(f"the output folder {str(out_dir)!r} is a file; choose another --out")
+    kinds.check_kind(out_dir, kind)
     recover_replacement(out_dir)
-    held = held_files(out_dir, files)
+    held = held_files(out_dir, kind)
     if held and not overwrite:
-        resumable = "checkpoints" in held or SETTINGS_FILE in held
-        resume = (" (or --resume it)" if resumable and run_status(out_dir) != "completed"
-                  else "")
-        raise McflError(f"{str(out_dir)!r} already holds a run ({', '.join(held)}); pass "
-                        f"{flag} to replace it{resume}, or choose another --out")
+        resume = ""
+        if kind in kinds.RESUMES and kinds.status(out_dir, kind) != "completed" and (
+                kind != "run" or "checkpoints" in held or SETTINGS_FILE in held):
+            resume = f" (or continue it with {kinds.RESUMES[kind]} {out_dir})"
+        raise McflError(f"{str(out_dir)!r} already holds {kinds.NAMES[kind]} "
+                        f"({', '.join(held)}); pass {flag} to replace it{resume}, or choose "
+                        "another --out")
     existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise McflError(f"cannot write the output folder {str(out_dir)!r}: "
                         f"{str(existing)!r} is not a writable folder")
-
-
-def prepare_folder(out_dir: Path, overwrite: bool, files: tuple[str, ...] = RUN_FILES,
-                   flag: str = "--overwrite") -> None:
-    """Make `out_dir` ready for new results (`check_target`), then create it and, with
-    `overwrite`, delete the files of the results it held (and nothing else)."""
-    check_target(out_dir, overwrite, files, flag)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name in held_files(out_dir, files):
-            _remove(out_dir / name)
-    except OSError as e:
-        raise WriteError(out_dir, e) from None
 
 
 def _remove(path: Path) -> None:
@@ -102,18 +93,20 @@ def staging_folder(out_dir: Path) -> Path:
 
 
 class RunTarget:
-    """The folder a new run writes to (`folder`): `out_dir` itself, made now (after the data
-    were checked: a run refused for its input leaves no folder), or, when `out_dir` holds a
-    run being replaced (--overwrite), a hidden sibling that `commit` swaps in once the new run
-    has its first checkpoint, so that a replacement failing before that (bad data, a model
-    that does not fit, divergence in its first round, a kill) leaves the old run intact."""
+    """The folder new results of `kind` (a run, a sweep, a table) are written to (`folder`):
+    `out_dir` itself, made now (after the data were checked: a run refused for its input
+    leaves no folder), or, when `out_dir` holds results being replaced (--overwrite), a hidden
+    sibling that `commit` swaps in once the new results have their first checkpoint (or a
+    table its first cell), so that a replacement failing before that (bad data, a model that
+    does not fit, divergence in its first round, a kill) leaves the old results intact."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, kind: str = "run"):
         self.out_dir = Path(out_dir)
+        self.kind = kind
         self.created = not self.out_dir.exists()
         recover_replacement(self.out_dir)
         atomic.remove_temporaries(self.out_dir)
-        self.pending = bool(held_files(self.out_dir))
+        self.pending = bool(held_files(self.out_dir, kind))
         self.folder = staging_folder(self.out_dir) if self.pending else self.out_dir
         try:
             if self.pending and self.folder.exists():
@@ -126,9 +119,9 @@ class RunTarget:
         """Replace the old run's files by the new run's (a no-op unless pending)."""
         if not self.pending:
             return
-        names = [name for name in RUN_FILES if (self.folder / name).exists()]
-        atomic.write_json(self.out_dir / JOURNAL, {"move": names})
-        _finish_replacement(self.out_dir, names)
+        names = held_files(self.folder, self.kind)
+        atomic.write_json(self.out_dir / JOURNAL, {"move": names, "kind": self.kind})
+        _finish_replacement(self.out_dir, names, self.kind)
         self.pending, self.folder = False, self.out_dir
 
     def abandon(self) -> None:
@@ -138,8 +131,9 @@ class RunTarget:
         if self.pending:
             shutil.rmtree(self.folder, ignore_errors=True)
             return
-        if (self.folder / "rounds.csv").exists() or (self.folder / "checkpoints").exists():
-            return
+        if self.kind != "run" or (self.folder / "rounds.csv").exists() or (
+                self.folder / "checkpoints").exists():
+            return  # (a sweep or a table records its status from the start: it is kept)
         with contextlib.suppress(OSError):
             for name in held_files(self.folder):
                 _remove(self.folder / name)
@@ -147,12 +141,12 @@ class RunTarget:
                 self.folder.rmdir()
 
 
-def _finish_replacement(out_dir: Path, names: list[str]) -> None:
-    """Move the staged files `names` over `out_dir`'s run (those it lacks are deleted); safe to
-    repeat after a kill at any point of it."""
+def _finish_replacement(out_dir: Path, names: list[str], kind: str) -> None:
+    """Move the staged files `names` over `out_dir`'s results of `kind` (those it lacks are
+    deleted); safe to repeat after a kill at any point of it."""
     staging = staging_folder(out_dir)
     try:
-        for name in RUN_FILES:
+        for name in kinds.FILES[kind]:
             if name not in names and (out_dir / name).exists():
                 _remove(out_dir / name)
         for name in names:
@@ -174,12 +168,14 @@ def recover_replacement(out_dir: Path) -> None:
     journal = out_dir / JOURNAL
     if journal.is_file():
         try:
-            names = json.loads(journal.read_text())["move"]
+            document = json.loads(journal.read_text())
+            names, kind = document["move"], document.get("kind", "run")
+            kinds.FILES[kind]
         except (ValueError, KeyError, TypeError):
             raise McflError(f"{str(journal)!r} is damaged; the replacement of the run in "
                             f"{str(out_dir)!r} cannot be finished (its new files are in "
                             f"{str(staging_folder(out_dir))!r})") from None
-        _finish_replacement(out_dir, names)
+        _finish_replacement(out_dir, names, kind)
     elif staging_folder(out_dir).is_dir():
         shutil.rmtree(staging_folder(out_dir), ignore_errors=True)
 
@@ -207,11 +203,7 @@ def read_settings(run_dir: Path) -> Optional[dict[str, Any]]:
 
 def run_status(run_dir: Path) -> Optional[str]:
     """The status summary.json records ("completed", "interrupted", ...), None without one."""
-    path = run_dir / "summary.json"
-    try:
-        return json.loads(path.read_text()).get("status") if path.is_file() else None
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return None
+    return kinds.status(run_dir, "run")
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
@@ -350,18 +342,33 @@ class RunFolder:
 
 
 def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:
-    """A run folder's summary and its rounds (numbers parsed; empty cells dropped)."""
+    """A run folder's summary and its rounds (numbers parsed; empty cells dropped). A run that
+    has not finished (killed, or still running: run.json without summary.json) gives its
+    settings as the summary, with status "unfinished" and no scores."""
     summary_path, rounds_path = folder / "summary.json", folder / "rounds.csv"
-    for path in (summary_path, rounds_path):
-        if not path.is_file():
-            raise DataError(f"{folder} is not an mcfl run folder: {path.name} is missing")
-    try:
-        summary = json.loads(summary_path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{summary_path} is not valid JSON: {e}") from None
+    kind = kinds.folder_kind(folder)
+    if kind not in (None, "run"):
+        raise DataError(f"{folder} holds {kinds.NAMES[kind]} ({kinds.marker(folder, kind)}), "
+                        "not a run" + (f"; compare its cells' sweeps: {folder}/cells/*"
+                                       if kind == "table" else ""))
+    if not summary_path.is_file() and (folder / SETTINGS_FILE).is_file():
+        summary = {"config": read_settings(folder)["config"], "status": "unfinished"}
+    elif not summary_path.is_file():
+        raise DataError(f"{folder} is not an mcfl run folder: summary.json is missing")
+    else:
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{summary_path} is not valid JSON: {e}") from None
+    if not rounds_path.is_file():
+        if summary.get("status") == "unfinished":
+            return {**summary, "rounds_completed": 0}, []
+        raise DataError(f"{folder} is not an mcfl run folder: rounds.csv is missing")
     with open(rounds_path) as f:
         rounds = [
             {k: float(v) for k, v in row.items() if v not in ("", None) and k != "cluster_sizes"}
             for row in csv.DictReader(f)
         ]
+    if summary.get("status") == "unfinished":
+        summary["rounds_completed"] = len(rounds)
     return summary, rounds

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,6 @@ from mcfl.config import RunConfig
 from mcfl.files.atomic import write_csv, write_json, write_text
 from mcfl.files.figures import save_figure
 from mcfl.reproduce.tables import PAPER_RULE, Cell, Metric, Table, experiment
-
-REPORT_FILES = ("reproduce.json", "table.md", "table.csv", "table.png")
 
 
 def shown_settings(table: Table, cell: Cell) -> dict[str, Any]:
@@ -137,23 +136,54 @@ def ordering_line(ordering: tuple[str, ...], rows: list[dict]) -> str:
             + ("the same order." if holds else "NOT the same order."))
 
 
-def write_report(out_dir: Path, table: Table, quick: bool, base: RunConfig, seeds: list[int],
-                 rows: list[dict], wall: float, final: bool) -> dict:
-    write_text(out_dir / "table.md", format_markdown(table, quick, base, seeds, rows, wall))
-    write_csv(out_dir / "table.csv", [_csv_row(r) for r in rows])
-    spec = {"table": table.name, "quick": quick, "seeds": seeds, "base": base.to_dict(),
-            "wall_seconds": wall, "status": "completed" if final else "running",
-            "metrics": [m.key for m in table.metrics],
-            "cells": [dataclasses.asdict(c) for c in table.cells_of(quick)]}
-    write_json(out_dir / "reproduce.json", spec, default=str)
-    if final:
-        _plot(out_dir / "table.png", table, rows)
-    return spec
+class Report:
+    """A table's files in `folder`, rewritten as its cells finish: table.md and table.csv
+    (each saying, until every chosen cell is done, that the table is incomplete and which
+    cells are missing), reproduce.json (the table's settings, what a resumed table needs,
+    and its status: running, interrupted, error, completed) and, once complete, table.png."""
+
+    def __init__(self, folder: Path, table: Table, quick: bool, base: RunConfig,
+                 seeds: list[int], labels: list[str], settings: dict[str, Any]):
+        self.folder, self.table, self.quick, self.base = folder, table, quick, base
+        self.seeds, self.labels, self.settings = seeds, labels, settings
+        self.rows: list[dict] = []
+        self.started = time.perf_counter()
+
+    def missing(self) -> list[str]:
+        done = {r["cell"] for r in self.rows}
+        return [label for label in self.labels if label not in done]
+
+    def write(self, final: bool, status: str = "running") -> dict:
+        wall = time.perf_counter() - self.started
+        status = "completed" if final else status
+        text = format_markdown(self.table, self.quick, self.base, self.seeds, self.rows, wall)
+        missing = self.missing()
+        if missing:
+            text = (f"**INCOMPLETE ({status}): {len(self.rows)} of {len(self.labels)} cells; "
+                    f"missing: {', '.join(missing)}.** Finish it with `mcfl reproduce --resume "
+                    f"{self.folder}`.\n\n" + text)
+        pending = [{"cell": label, "status": "pending"} for label in missing]
+        spec = {"kind": "table", "table": self.table.name, "quick": self.quick,
+                "seeds": self.seeds, "base": self.base.to_dict(), "wall_seconds": wall,
+                "status": status, "missing_cells": missing, **self.settings,
+                "metrics": [m.key for m in self.table.metrics],
+                "cells": [dataclasses.asdict(c) for c in self.table.cells_of(self.quick)]}
+        # reproduce.json first while running (the folder says what it is from the start),
+        # last when complete (its "completed" means every other file is written).
+        if not final:
+            write_json(self.folder / "reproduce.json", spec, default=str)
+        write_text(self.folder / "table.md", text)
+        write_csv(self.folder / "table.csv", [_csv_row(r) for r in self.rows] + pending)
+        if final:
+            _plot(self.folder / "table.png", self.table, self.rows)
+            write_json(self.folder / "reproduce.json", spec, default=str)
+        return spec
 
 
 def _csv_row(row: dict) -> dict:
     """A row of table.csv: the first metric as before, every further metric flattened."""
-    out = {k: v for k, v in row.items() if k not in ("settings", "metrics")}
+    out = {"cell": row["cell"], "status": "completed",
+           **{k: v for k, v in row.items() if k not in ("cell", "settings", "metrics")}}
     for entry in row["metrics"][1:]:
         for field in ("paper", "mcfl_mean", "mcfl_std", "difference"):
             out[f"{entry['metric']}_{field}"] = entry[field]

@@ -14,7 +14,7 @@ import numpy as np
 
 from mcfl.config import RunConfig
 from mcfl.errors import ConfigError, McflError
-from mcfl.files import atomic, checkpoint
+from mcfl.files import atomic, checkpoint, kinds
 from mcfl.files.run_folder import SETTINGS_FILE, read_settings, recover_replacement, run_status
 from mcfl.runs.records import MemberRecord
 
@@ -28,14 +28,18 @@ def resume_settings(run_dir: Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise McflError(f"--resume {str(run_dir)!r}: no such folder (it takes a run's folder)")
+    kinds.check_kind(run_dir, "run", resuming=True)  # (a sweep or a table: what resumes it)
     recover_replacement(run_dir)
     atomic.remove_temporaries(run_dir)  # what a kill left of a file being written
     settings = read_settings(run_dir)
     if settings is None and checkpoint.exists(run_dir):
         settings = {"config": checkpoint.latest(run_dir).config, "checkpoint_every": None}
-    if settings is None:
-        raise McflError(f"{str(run_dir)!r} holds no run to resume ({SETTINGS_FILE} and a "
-                        f"checkpoint are missing); start the run again with --out "
+    if settings is None and kinds.folder_kind(run_dir) is None:
+        raise McflError(f"{str(run_dir)!r} holds no run to resume (no {SETTINGS_FILE}, "
+                        "checkpoint or rounds)")
+    if settings is None:  # a run killed before it wrote its settings (or from before them)
+        raise McflError(f"{str(run_dir)!r} holds a run that cannot be resumed ({SETTINGS_FILE} "
+                        f"and a checkpoint are missing); start it again with --out "
                         f"{str(run_dir)} --overwrite")
     if run_status(run_dir) == "completed":
         raise McflError(f"the run in {str(run_dir)!r} already finished all "

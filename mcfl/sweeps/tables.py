@@ -7,7 +7,8 @@
   rounds) and how it ended;
 - summary: one row per grid point over its seeds and data seeds: for each metric the mean, the
   sample standard deviation (ddof 1) and the 95% confidence interval of the mean
-  (Student's t, n - 1 degrees of freedom); members that diverged are counted, not averaged.
+  (Student's t, n - 1 degrees of freedom); members that diverged are counted, not averaged,
+  and so are members not yet run ("pending": the sweep stopped before them).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def summary_rows(members: Sequence[dict[str, Any]], point_names: Sequence[str]
         done = [m for m in group if m["status"] == "completed"]
         row: dict[str, Any] = {**dict(zip(point_names, point)), "members": len(group),
                                "completed": len(done),
+                               "pending": sum(m["status"] == "pending" for m in group),
                                "seeds": " ".join(str(m["seed"]) for m in done),
                                "data_seeds": " ".join(sorted({str(m["data_seed"])
                                                               for m in done}))}
