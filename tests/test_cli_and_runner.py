@@ -392,8 +392,11 @@ def test_a_folder_holding_a_run_is_refused_unless_overwrite(tmp_path, capsys):
     capsys.readouterr()
     assert main(argv + ["--seed", "1"]) == 2
     err = capsys.readouterr().err
-    assert "already holds a run (summary.json, rounds.csv, clients.csv, curves.png, " \
-        "checkpoints, run.json); pass --overwrite to replace it, or choose another --out" in err
+    assert "already holds a run (run.json, summary.json, rounds.csv, clients.csv, " \
+        "curves.png, checkpoints); pass --overwrite to replace it (or continue it with mcfl " \
+        "run --resume" not in err
+    assert "already holds a run (run.json, summary.json, rounds.csv, clients.csv, " \
+        "curves.png, checkpoints); pass --overwrite to replace it, or choose another --out" in err
     assert err.count("\n") == 1
     assert (out / "summary.json").read_text() == before  # nothing lost
     (out / "notes.txt").write_text("mine")

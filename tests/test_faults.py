@@ -370,6 +370,7 @@ def test_bad_data_and_runs_too_large_are_refused_before_any_output(tmp_path, cap
     # (for its clients' state, or for a round's temporaries: XLA's figures say which first)
     assert "local on 40 clients needs about" in err and "more memory for " in err, err
     assert err.count("\n") == 1 and not out.exists()
+    assert "--devices" not in err  # (the run has every device already)
 
 
 @pytest.mark.parametrize("config", [
@@ -398,3 +399,15 @@ def test_out_of_memory_errors_are_one_line():
     assert memory.parse_size("512M") == 512 * 2**20
     with pytest.raises(mcfl.ConfigError, match="is not a size in bytes"):
         memory.parse_size("lots")
+
+
+def test_more_devices_are_advised_only_where_the_run_leaves_some(monkeypatch):
+    monkeypatch.setattr(memory.jax, "devices", lambda: [object()] * 4)
+    monkeypatch.setattr(memory, "device_available", lambda resident=0: 2**30)
+    for devices, advice in [(2, "or more devices (--devices up to 4)"), (None, None)]:
+        config = mcfl.RunConfig(clients=10, devices=devices)
+        with pytest.raises(mcfl.McflError) as raised:
+            memory.check_program_fits(2**31, "a round", config)
+        text = str(raised.value)
+        assert "needs about 2.0 GiB more memory for a round; 1.0 GiB is available" in text
+        assert (advice in text) if advice else "--devices" not in text

@@ -77,8 +77,14 @@ def test_mcfl_demo_to_a_file_writes_no_progress_frames(tmp_path, monkeypatch,
             assert "\r" not in text and "3/3 [" not in text and "it/s" not in text, text
 
 
-def test_quiet_logs_are_off_for_the_command_and_back_after_it():
+def test_quiet_logs_are_off_for_the_command_and_back_after_it(monkeypatch):
     names = ("jax._src.compiler", "absl", "orbax.checkpoint")
+    # (as a fresh process has them: a failed checkpoint save earlier in this worker leaves
+    # orbax's and absl's loggers silenced, mcfl.files.checkpoint._quiet_orbax)
+    for name in ("jax", "jaxlib", "absl", "orbax", *names):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)
+    logging.getLogger().manager._clear_cache()
     before = [logging.getLogger(n).getEffectiveLevel() for n in names]
     with logs.library_logs(verbose=False):
         assert not any(logging.getLogger(n).isEnabledFor(logging.WARNING) for n in names)

@@ -210,10 +210,13 @@ def check_program_fits(extra_bytes: Optional[int], what: str, config, resident: 
         return
     available = device_available(resident)
     if extra_bytes > available:
+        # (more devices only where the run leaves some unused: by default it takes them all)
+        spare = config.devices is not None and config.devices < len(jax.devices())
         raise McflError(f"{config.algorithm} on {config.clients:,} clients needs about "
                         f"{gib(extra_bytes)} more memory for {what}; {gib(available)} is "
-                        "available: use fewer --clients or --clients-per-round, a smaller "
-                        f"model, or more devices (--devices)")
+                        "available: use fewer --clients or --clients-per-round"
+                        + (", a smaller model, or more devices (--devices up to "
+                           f"{len(jax.devices())})" if spare else " or a smaller model"))
 
 
 def out_of_memory(error: BaseException) -> Optional[McflError]:
