@@ -1,6 +1,7 @@
 """Run by the test session in the background (tests/conftest.py starts it at once; compilation
 is mostly one core's work, so it overlaps with the other tests) with 4 forced CPU devices:
-every registered algorithm 3 rounds with the clients dealt over 4, and its programs (init,
+every registered algorithm the session's tests name (tests/test_devices.py: a representative
+few by default, all with -m slow) 3 rounds with the clients dealt over 4, and its programs (init,
 round) lowered for TPU and CUDA in that layout (the same 3 rounds on one device, with their
 round lowered, come from tests/test_conformance.py, which runs them anyway); a sweep (members
 vmapped) on one device and over 4; FedAvg's init and round on every zoo model lowered over 4.
@@ -65,11 +66,11 @@ def sweep_run(devices: int) -> dict:
             "accuracy": [m["final_accuracy_micro"] for m in result.members]}
 
 
-def main() -> dict:
+def main(algorithms: list[str]) -> dict:
     assert len(jax.devices()) == 4, jax.devices()
     data = planted_data()
     out = {}
-    for name in names():  # (their one-device runs: tests/test_conformance.py)
+    for name in algorithms:  # (their one-device runs: tests/test_conformance.py)
         out[f"{name}/devices/4"] = devices_run(name, data, 4)
     for devices in (1, 4):
         out[f"sweep/devices/{devices}"] = sweep_run(devices)
@@ -80,8 +81,11 @@ def main() -> dict:
 
 if __name__ == "__main__":
     results_file, error_file = (Path(a) for a in sys.argv[1:3])
+    # the algorithms the session's tests ask for (tests/conftest.py), else every one
+    chosen = ([a for a in sys.argv[3].split(",") if a] if len(sys.argv) > 3
+              else list(names()))
     try:
-        found = main()
+        found = main(chosen)
     except BaseException:  # noqa: BLE001 - reported to the tests through the error file
         error_file.write_text(traceback.format_exc())
         raise

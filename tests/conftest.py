@@ -36,7 +36,10 @@ from mcfl.data.federated import from_splits
 from mcfl.runtime import compile_cache
 
 # The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
-os.environ["MCFL_CACHE_DIR"] = tempfile.mkdtemp(prefix="mcfl-test-cache-")
+# One cache for the whole session: made by the first process (pytest's controller, before it
+# starts the xdist workers, which inherit it), so the workers share compiled programs.
+os.environ.setdefault("MCFL_TEST_SESSION_CACHE", tempfile.mkdtemp(prefix="mcfl-test-cache-"))
+os.environ["MCFL_CACHE_DIR"] = os.environ["MCFL_TEST_SESSION_CACHE"]
 # The in-process commands would turn the same cache on at their first run
 # (mcfl.runtime.compile_cache); on from the start, every test shares it. Subprocesses choose
 # for themselves.
@@ -58,7 +61,17 @@ def xla_flags_with_devices(count: int) -> str:
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(BACKGROUND_FILE))
-    config.background_needed = any(BACKGROUND_FILE in item.nodeid for item in items)
+
+
+def pytest_collection_finish(session):
+    """What the background run must do for the tests selected (after -m and -k): whether it
+    is needed, and the algorithms it runs over 4 devices (the default run's representative
+    few, or with -m slow the rest)."""
+    chosen = [item for item in session.items if BACKGROUND_FILE in item.nodeid]
+    session.config.background_needed = bool(chosen)
+    session.config.background_algorithms = sorted({
+        item.callspec.params["name"] for item in chosen
+        if hasattr(item, "callspec") and "name" in item.callspec.params})
 
 
 def shared_folder(tmp_path_factory) -> Path:
@@ -95,7 +108,8 @@ def conformance_background(request, tmp_path_factory):
         env = {**os.environ, "XLA_FLAGS": xla_flags_with_devices(4),
                "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
         proc = subprocess.Popen([sys.executable, str(HERE / "conformance_background.py"),
-                                 str(results_file), str(error_file)], env=env)
+                                 str(results_file), str(error_file),
+                                 ",".join(request.config.background_algorithms)], env=env)
     # The background run is the session's longest task, which test_devices.py waits for at the
     # end: the workers give it the first claim on the cores (they lower their own priority
     # once it has started with theirs), so the cores are not left half idle at the end.

@@ -3,10 +3,13 @@ at test size on the CPU (the suite's figures themselves come from a GPU: BENCHMA
 
 import json
 
+import pytest
+
 from mcfl.apps.bench_suite import TABLE_CELLS, accelerator_points
 from mcfl.apps.cli import main
 
 
+@pytest.mark.slow  # (every workload in this process: 2 minutes on 2 cores)
 def test_the_tiny_suite_runs_every_workload_and_writes_its_folder(tmp_path, capsys):
     out = tmp_path / "suite"
     assert main(["bench", "--suite", "accelerator", "--tiny", "--out", str(out)]) == 0

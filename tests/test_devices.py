@@ -24,6 +24,14 @@ from conformance_setup import (
 
 from mcfl.algorithms import names
 
+# The default run's algorithms over 4 devices, one of each way a round is built: plain
+# averaging, k-means clusters, loss argmin, groups, splits, mixtures, personal rows, soft
+# clusters with rows, one-shot clustering, local models. The rest: -m slow.
+DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl", "cfl", "fedem", "ditto", "fedsoft",
+                      "pacfl", "local")
+ALGORITHMS = [pytest.param(name, marks=() if name in DEFAULT_ALGORITHMS else pytest.mark.slow)
+              for name in names()]
+
 
 def one_device(name: str, shared: Path) -> dict:
     """The one-device run tests/test_conformance.py left (the same keys as the background's
@@ -36,7 +44,7 @@ def one_device(name: str, shared: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_one_and_four_devices_agree(name, conformance_background, shared):
     one, four = one_device(name, shared), conformance_background()[f"{name}/devices/4"]
     np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-4, atol=1e-6)
@@ -44,7 +52,7 @@ def test_one_and_four_devices_agree(name, conformance_background, shared):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", names())
+@pytest.mark.parametrize("name", ALGORITHMS)
 def test_programs_lower_for_tpu_and_cuda(name, conformance_background, shared):
     """Init and round with the clients dealt over 4 devices, the round on one."""
     assert conformance_background()[f"{name}/devices/4"]["lowered"] == {"init": "ok",

@@ -38,6 +38,7 @@ def execute(name: str, workdir: Path, parameters: str | None = None, report: str
     return notebook, found
 
 
+@pytest.mark.slow  # (a kernel and a run: over a minute on 2 cores)
 def test_quickstart_notebook_runs(tmp_path):
     _, found = execute("quickstart.ipynb", tmp_path, report=(
         "{'results': {f'{a},{s}': v for (a, s), v in results.items()}, "
@@ -62,6 +63,7 @@ out = Path("runs/notebook")
 """
 
 
+@pytest.mark.slow  # (a kernel, a sweep and a table)
 def test_reproduce_notebook_runs_a_sweep_and_a_table(tmp_path):
     notebook, found = execute("reproduce.ipynb", tmp_path, SMALL_PARAMETERS, report=(
         "{'mu': list(summary['mu']), 'completed': [int(c) for c in summary['completed']], "

@@ -65,6 +65,7 @@ TINY_MODELS = {**ZOO, "mclr": ((12,), 10, {}), "mlp": ((12,), 10, {}),
                "cnn-celeba": ((8, 8, 3), 2, {})}
 
 
+@pytest.mark.slow  # (every registered model compiled; the default run checks a round, convolutions)
 def test_every_registered_model_computes_every_matmul_in_bfloat16():
     """No float32 constant or carry promotes a layer back to float32 (the LSTM's forget bias
     once did, leaving its recurrent matmuls float32): every dot and convolution of each

@@ -63,10 +63,12 @@ def cache_path(cache_dir: Path, name: str, key: str) -> Path:
 
 
 def save(path: Path, ds: FederatedDataset) -> None:
-    """Write atomically (temp file, then rename) so a crash never leaves a half entry."""
+    """Write atomically (temp file, then rename) so a crash never leaves a half entry; the
+    temp file is the process's own, so processes filling one cache (parallel runs, the test
+    workers) never write into each other's."""
     a = ds.arrays
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
     np.savez(
         tmp,
         name=np.array(ds.name),
