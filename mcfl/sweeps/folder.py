@@ -37,16 +37,19 @@ FINISHED = ("completed", "diverged")
 
 def write_tables(out: Path, spec: dict[str, Any], members: list[dict], rounds: list[dict],
                  summary: list[dict], point_names: Sequence[str], final: bool) -> None:
-    """The sweep's tables and its spec (sweep.json last, so that its status never runs ahead
-    of the tables), and when `final` its band plot of the completed members."""
+    """The sweep's tables and its spec, and when `final` its band plot of the completed
+    members. sweep.json goes first while the sweep runs (the folder says what it holds from
+    its first file on) and last when it is final (its "completed" means every file is)."""
+    if not final:
+        write_spec(out, spec)
     atomic.write_csv(out / "members.csv", members)
     atomic.write_csv(out / "rounds.csv", rounds)
     atomic.write_csv(out / "summary.csv", summary)
-    write_spec(out, spec)
     if final:
         completed = {m["member"] for m in members if m["status"] == "completed"}
         tables.plot_bands([r for r in rounds if r["member"] in completed], point_names,
                           out / "curves.png")
+        write_spec(out, spec)
 
 
 def write_spec(out: Path, spec: dict[str, Any]) -> None:
