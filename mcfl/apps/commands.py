@@ -153,19 +153,11 @@ class _AllUsers:
 
 def _resumed(args, multi_process: bool) -> tuple[RunConfig, Path]:
     """The config and folder of `mcfl run --resume DIR`: the run's own, from its checkpoint."""
-    given = sorted(k for k in vars(args) if k in all_keys()) + (
-        ["config"] if args.config else [])
-    if given:
-        raise ConfigError("--resume continues a run with the config saved in its checkpoint; "
-                          "drop " + ", ".join("--" + k.replace("_", "-") for k in given))
-    if args.overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other: pick one")
+    _refuse_with_resume(args, (), "run")
     if multi_process:
         raise ConfigError("--resume is for single-process runs (multi-process runs keep no "
                           "checkpoints)")
     out = Path(args.resume)
-    if args.out is not None and Path(args.out).resolve() != out.resolve():
-        raise ConfigError(f"a resumed run writes to its own folder {str(out)!r}; drop --out")
     return from_dict(resume_settings(out)["config"]), out
 
 
@@ -174,7 +166,7 @@ def cmd_sweep(args) -> int:
     checkpoint.check_every(args.checkpoint_every)
     if args.resume is not None:
         _refuse_with_resume(args, ("seeds", "grid", "algorithms", "data_seeds",
-                                   "members_per_chunk"))
+                                   "members_per_chunk"), "sweep")
         config, grid, out = None, None, Path(args.resume)
         if kinds.folder_kind(out) == "sweep" and kinds.status(out, "sweep") == "completed":
             raise McflError(f"the sweep in {str(out)!r} completed; there is nothing to resume")
@@ -233,19 +225,21 @@ def _sweep_grid(args) -> dict[str, tuple]:
     return grid
 
 
-def _refuse_with_resume(args, flags: tuple[str, ...]) -> None:
-    """--resume continues with the settings saved in the folder: any other is refused."""
+def _refuse_with_resume(args, flags: tuple[str, ...], what: str) -> None:
+    """--resume continues a `what` (run, sweep, table) with the settings saved in its folder:
+    any other setting (a config key, --config or one of `flags`), --overwrite and another
+    --out are refused."""
     given = sorted(k for k, v in vars(args).items() if k in all_keys() and v is not None) + (
         ["config"] if getattr(args, "config", None) else [])
     given += [k for k in flags if getattr(args, k, None) not in (None, False) and k not in given]
+    if given:
+        raise ConfigError(f"--resume continues a {what} with the settings saved in its folder; "
+                          "drop " + ", ".join("--" + k.replace("_", "-") for k in given))
     if getattr(args, "overwrite", False):
         raise ConfigError("--resume and --overwrite contradict each other: pick one")
-    if given:
-        raise ConfigError("--resume continues with the settings saved in its folder; drop "
-                          + ", ".join("--" + k.replace("_", "-") for k in given))
     if getattr(args, "out", None) is not None and (
             Path(args.out).resolve() != Path(args.resume).resolve()):
-        raise ConfigError(f"a resumed study writes to its own folder {args.resume!r}; drop "
+        raise ConfigError(f"a resumed {what} writes to its own folder {args.resume!r}; drop "
                           "--out")
 
 
@@ -276,7 +270,7 @@ def cmd_reproduce(args) -> int:
         raise ConfigError("name a table to reproduce; allowed: "
                           + ", ".join(reproduce.names()) + " (mcfl reproduce --list)")
     if args.resume is not None:
-        _refuse_with_resume(args, ("name", "quick", "seeds", "cells", "data_dir"))
+        _refuse_with_resume(args, ("name", "quick", "seeds", "cells", "data_dir"), "table")
         out = Path(args.resume)
     else:
         reproduce.get(args.name)

@@ -56,12 +56,17 @@ def resumed_config(config: Optional[RunConfig], saved: RunConfig, run_dir: Path,
         raise ConfigError(f"a resumed run writes to its own folder {str(run_dir)!r}, not "
                           f"{str(out_dir)!r}")
     if config is not None and config.to_dict() != saved.to_dict():
-        mine, theirs = config.to_dict(), saved.to_dict()
-        changed = [f"{k}={mine.get(k)!r} (checkpoint: {theirs.get(k)!r})"
-                   for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
         raise ConfigError(f"the config differs from the one checkpointed in {str(run_dir)!r}: "
-                          + ", ".join(changed) + "; a run resumes with its own config")
+                          + differences(config, saved, "checkpoint")
+                          + "; a run resumes with its own config")
     return saved, run_dir
+
+
+def differences(config: RunConfig, saved: RunConfig, source: str) -> str:
+    """The settings where `config` differs from `saved` (read from `source`), one phrase."""
+    mine, theirs = config.to_dict(), saved.to_dict()
+    return ", ".join(f"{k}={mine.get(k)!r} ({source}: {theirs.get(k)!r})"
+                     for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k))
 
 
 

@@ -32,6 +32,7 @@ from mcfl.runs.execution import client_mesh, plan_run
 from mcfl.runs.loop import LoopHooks, run_rounds
 from mcfl.runs.program import RoundProgram, member_mesh
 from mcfl.runs.records import MemberRecord
+from mcfl.runs.resume import differences
 from mcfl.runs.stored_program import run_program
 from mcfl.runtime import distributed
 from mcfl.sweeps import folder as sweep_folder
@@ -266,11 +267,9 @@ def _resumed_settings(saved: dict[str, Any], config: Optional[RunConfig], folder
     equal its config)."""
     own = from_dict(saved["config"])
     if config is not None and config.to_dict() != own.to_dict():
-        mine, theirs = config.to_dict(), own.to_dict()
-        changed = [f"{k}={mine.get(k)!r} (sweep.json: {theirs.get(k)!r})"
-                   for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
         raise ConfigError(f"the config differs from the sweep's in {str(folder)!r}: "
-                          + ", ".join(changed) + "; a sweep resumes with its own config")
+                          + differences(config, own, "sweep.json")
+                          + "; a sweep resumes with its own config")
     return (own, saved["seeds"], saved.get("grid") or {}, saved.get("data_seeds"),
             saved.get("members_per_chunk"), saved.get("member_width"),
             checkpoint_every if checkpoint_every is not None else saved.get("checkpoint_every"))
