@@ -29,6 +29,7 @@ from mcfl.data.settings import DataSettings, check_data, counts_own_clients, def
 from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
+from mcfl.privacy import support
 from mcfl.settings import INT64_MAX, Static, setting
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
@@ -41,7 +42,9 @@ PRECISIONS = ("float32", "bfloat16")  # as mcfl.models.precision.PRECISIONS
 CLIENT_STORES = ("auto", "device", "host", "disk")
 STORE_DTYPES = ("float32", "bfloat16")
 SCORES = ("mcfl", "paper")
-CLIENT_SAMPLINGS = ("random", "round_robin_first")  # as mcfl.algorithms.schedule.SCHEDULES
+# as mcfl.algorithms.schedule.SCHEDULES, and poisson (mcfl.privacy.sampling)
+CLIENT_SAMPLINGS = ("random", "round_robin_first", "poisson")
+ACCOUNTANTS = ("rdp", "pld")  # as mcfl.privacy.accounting.ACCOUNTANTS
 DECAYED = ("all", "kernels")  # as mcfl.engine.training.DECAYED
 
 
@@ -96,7 +99,42 @@ class SamplingSettings:
     client_sampling: str = setting(
         "random", "which clients train each round: random (S distinct at random) | "
         "round_robin_first (the first ceil(C/S) rounds go through every client once, in a "
-        "random order, then random: the FlexCFL authors' code)", choices=CLIENT_SAMPLINGS)
+        "random order, then random: the FlexCFL authors' code) | poisson (each client joins "
+        "with probability q = S / C, as DP's amplification by sampling assumes)",
+        choices=CLIENT_SAMPLINGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySettings:
+    """Client-level differential privacy (DP-FedAvg, `mcfl.privacy`): on when --dp-clip is
+    given."""
+
+    dp_clip: Optional[float] = setting(
+        None, "C: each client's update is clipped to this L2 norm and the server adds "
+        "Gaussian noise to every aggregated sum (client-level DP, DP-FedAvg); the starting C "
+        "with --dp-adaptive-quantile", above=0)
+    dp_noise: Optional[float] = setting(
+        None, "z, the noise multiplier: noise std z * C on each sum of clipped updates (give "
+        "it or --dp-epsilon)", minimum=0)
+    dp_epsilon: Optional[float] = setting(
+        None, "the epsilon the whole run may spend: z is solved for the run's rounds and "
+        "sampling (instead of --dp-noise)", above=0)
+    dp_delta: Optional[float] = setting(
+        None, "delta of the (epsilon, delta) guarantee; default 1 / C^1.1 (below 1 / C)",
+        above=0, below=1)
+    dp_epsilon_budget: Optional[float] = setting(
+        None, "stop the run after the last round whose epsilon stays within this budget",
+        above=0)
+    dp_adaptive_quantile: Optional[float] = setting(
+        None, "adaptive clipping (Andrew et al. 2021): C follows this quantile of the "
+        "clients' update norms, its noised count accounted", above=0, below=1)
+    dp_clip_per_layer: bool = setting(False, "clip each of the model's L leaves to C / "
+                                      "sqrt(L) instead of the whole update to C")
+    dp_accountant: str = setting("rdp", "the accountant (dp-accounting): rdp | pld",
+                                 choices=ACCOUNTANTS)
+    dp_canaries: int = setting(0, "canary clients for an empirical epsilon (Andrew et al. "
+                               "2024): this many random unit updates join every round; "
+                               "needs --dp-clip", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,12 +204,14 @@ GROUPS: dict[str, type] = {
     "network": ModelSettings,
     "training": TrainingSettings,
     "sampling": SamplingSettings,
+    "privacy": PrivacySettings,
     "distribution_shift": ShiftSettings,
     "evaluation": EvaluationSettings,
     "execution": ExecutionSettings,
 }
 GROUP_TITLES = {"run": "the run", "data": "data", "network": "model",
                 "training": "local training", "sampling": "client sampling",
+                "privacy": "privacy",
                 "distribution_shift": "distribution shift", "evaluation": "evaluation",
                 "execution": "execution"}
 
@@ -196,6 +236,7 @@ class RunConfig:
     network: ModelSettings = dataclasses.field(default_factory=ModelSettings)
     training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
     sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
+    privacy: PrivacySettings = dataclasses.field(default_factory=PrivacySettings)
     distribution_shift: ShiftSettings = dataclasses.field(default_factory=ShiftSettings)
     evaluation: EvaluationSettings = dataclasses.field(default_factory=EvaluationSettings)
     execution: ExecutionSettings = dataclasses.field(default_factory=ExecutionSettings)
@@ -351,6 +392,7 @@ def _validate(c: RunConfig) -> None:
     if c.low_rank == "on" and c.precision != "float32":
         raise ConfigError(f"low_rank=on needs precision=float32 (the factored paths compute "
                           f"in float32), got precision={c.precision}")
+    _check_privacy(c)
     check = getattr(c.params, "check", None)
     if check is not None:  # an algorithm's checks across settings (clients may be None)
         check(c)
@@ -361,6 +403,33 @@ def _validate(c: RunConfig) -> None:
             f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
         )
     resolve_clients_per_round(c.clients_per_round, c.clients)
+
+
+def _check_privacy(c: RunConfig) -> None:
+    """DP's settings together: which algorithms take them, and which go with which."""
+    given = [k for k in ("dp_noise", "dp_epsilon", "dp_delta", "dp_epsilon_budget",
+                         "dp_adaptive_quantile") if getattr(c, k) is not None]
+    if c.dp_clip_per_layer:
+        given.append("dp_clip_per_layer")
+    if c.dp_canaries:
+        given.append("dp_canaries")
+    if c.dp_clip is None:
+        if given:
+            raise ConfigError(f"{', '.join(given)} need(s) --dp-clip C (client-level DP is on "
+                              f"when the clipping norm is given)")
+        if c.client_sampling == "poisson":
+            support.covered(c.algorithm)  # its rounds honour the reporting mask
+        return
+    support.covered(c.algorithm)
+    if c.dp_adaptive_quantile is not None:
+        support.check_adaptive(c.algorithm)
+    if (c.dp_noise is None) == (c.dp_epsilon is None):
+        raise ConfigError("client-level DP needs exactly one of --dp-noise (the noise "
+                          "multiplier) and --dp-epsilon (the target it is solved for); got "
+                          + ("both" if c.dp_noise is not None else "neither"))
+    if c.client_sampling == "round_robin_first":
+        raise ConfigError("client-level DP accounts for random or poisson client sampling; "
+                          "--client-sampling round_robin_first is neither")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

@@ -7,12 +7,21 @@ layers, Ditto's global model). A `MessageTransform` is a NamedTuple of pure func
 style of optax's gradient transformations, with its own state:
 
 * ``init() -> state``: the state a run starts with (None for a transform without one; an
-  adaptive clipping norm would be one);
+  adaptive clipping norm is one). A transform whose numbers a sweep varies (DP's clipping
+  norm and noise multiplier, `mcfl.privacy.mechanism`) also takes ``init(settings)``: the
+  run's traced settings (``Hyperparams.privacy``), see `initial_state`;
 * ``client(message, state) -> message``: applied to each client's message (vmapped over the
   clients of a block);
 * ``server(sums, weight_sums, state, key) -> (sums, weight_sums, state)``: applied to the
   aggregated messages, the weighted per-segment sums [K, ...] of the clients' messages and
   their weights [K] (None: nothing; noise for differential privacy goes here).
+
+Two static flags say what a transform needs of the round: `on_updates`, its server part acts on
+the sums of the clients' *updates* (each trained model minus the model of the segment it is
+summed into), which the engine forms from the sums of models and hands back as models
+afterwards (DP's noise must not scale with the models); `uniform_weights`, every reporting
+client weighs 1 in the sums (DP's sensitivity bound: one client moves a sum by at most its
+clipped norm), whatever weights the algorithm gives.
 
 A round's transform reaches the engine through its `Exchange` (`mcfl.algorithms.base`), so no
 algorithm knows which transform it runs with; ``mcfl.run(config, transform=...)`` and
@@ -44,11 +53,22 @@ class MessageTransform(NamedTuple):
     client: Optional[Callable[[PyTree, Any], PyTree]] = None
     server: Optional[Callable[[PyTree, jax.Array, Any, jax.Array], tuple]] = None
     name: str = "custom"  # what a run's summary records
+    on_updates: bool = False  # the server part acts on update sums (module docstring)
+    uniform_weights: bool = False  # every reporting client weighs 1 (module docstring)
+    # ``observe(state, norms [S], present [S], key) -> state``: the state learns from the
+    # reporting clients' unclipped update norms after a skeleton round (adaptive clipping)
+    observe: Optional[Callable] = None
 
     @property
     def acts(self) -> bool:
         """Whether it does anything (an identity transform is skipped by the engine)."""
         return self.client is not None or self.server is not None
+
+
+def initial_state(transform: MessageTransform, settings=None):
+    """The state `transform` starts a run with: ``init()``, or ``init(settings)`` when the run
+    has traced settings for it (``Hyperparams.privacy``: a sweep's dp_noise, dp_clip)."""
+    return transform.init() if settings is None else transform.init(settings)
 
 
 def _no_state() -> None:
@@ -122,5 +142,9 @@ def chain(*transforms: MessageTransform) -> MessageTransform:
         return sums, weight_sums, tuple(state)
 
     name = f"chain({', '.join(t.name for t in transforms)})"
+    if any(t.observe is not None for t in transforms):
+        raise ValueError("chain: a transform that observes update norms (adaptive clipping) "
+                         "runs on its own")
     return MessageTransform(init, client if clients else None, server if servers else None,
-                            name)
+                            name, any(t.on_updates for t in transforms),
+                            any(t.uniform_weights for t in transforms))

@@ -28,6 +28,7 @@ from mcfl.algorithms import scaffold as _scaffold  # noqa: F401
 from mcfl.algorithms import fednova as _fednova  # noqa: F401
 from mcfl.algorithms import fesem as _fesem  # noqa: F401
 from mcfl.algorithms import fesem_ma as _fesem_ma  # noqa: F401
+from mcfl.algorithms import dp_fesem as _dp_fesem  # noqa: F401
 from mcfl.algorithms import ifca as _ifca  # noqa: F401
 from mcfl.algorithms import fedem as _fedem  # noqa: F401
 from mcfl.algorithms import fedsoft as _fedsoft  # noqa: F401
@@ -51,6 +52,7 @@ from mcfl.algorithms.device import DeviceState, OnDevice, on_device, scan_rounds
 from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
+from mcfl.privacy.sampling import with_poisson_sampling
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
@@ -107,15 +109,17 @@ def local_training(config: RunConfig, model: ModelSpec,
 
 
 def hyperparams(config: RunConfig, model: ModelSpec,
-                values: Optional[Mapping[str, Any]] = None) -> Hyperparams:
+                values: Optional[Mapping[str, Any]] = None, privacy=None) -> Hyperparams:
     """What the config's algorithm runs with (`base.Hyperparams`): the config's values, or
-    `values` (by flat key: a sweep member's traced settings) in their place."""
+    `values` (by flat key: a sweep member's traced settings) in their place; `privacy`: the
+    run's `mcfl.privacy.plan.PrivacyPlan` (DP's clipping norm and noise), if any."""
     values = values or {}
     fields = settings.fields_of(type(config.params))
     own = {fields[k].name: v for k, v in values.items() if k in fields}
     params = dataclasses.replace(config.params, **own) if own else config.params
     return Hyperparams(local_training(config, model, values), params,
-                       values.get("shift_prob", config.shift_prob))
+                       values.get("shift_prob", config.shift_prob),
+                       None if privacy is None else privacy.settings(values))
 
 
 def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
@@ -136,4 +140,6 @@ def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
     if config.bn == "local":
         algorithm = with_local_norm(algorithm, model.collections, config.algorithm)
     shifted = with_shift(algorithm, config.shift, config.shift_interval)
+    if config.client_sampling == "poisson":
+        return with_poisson_sampling(shifted, config.clients_per_round)
     return with_schedule(shifted, config.client_sampling, clients_per_round)

@@ -100,7 +100,7 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
             RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
             sent=part_at("w"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
-        new_w, exchange = weighted_mean_of(trained["w"], weights, exchange)
+        new_w, exchange = weighted_mean_of(trained["w"], weights, exchange, w)
         new_rows = (trained["v"], jnp.clip(trained["alpha"], 0.0, 1.0))
         metrics = training_metrics(weights, stats)  # train_loss: the mixtures' loss
         metrics["alpha_mean"] = jnp.mean(new_rows[1])

@@ -51,12 +51,16 @@ class Hyperparams(flax.struct.PyTreeNode):
     """The numbers an algorithm runs with: the clients' local training (`lr`, `momentum`
     traced; the optimizer, batch and epochs static), the algorithm's own hyperparameters
     (`params`, its registered dataclass) and the chance of a distribution-shift event a round
-    (`shift_prob`, read by `mcfl.algorithms.shift`). Leaves are arrays in a sweep, Python
-    floats in a single run (baked into the program)."""
+    (`shift_prob`, read by `mcfl.algorithms.shift`) and DP's clipping norm and noise
+    (`privacy`, read only by the transform's init: `mcfl.transforms.initial_state`). Leaves
+    are arrays in a sweep, Python floats in a single run (baked into the program)."""
 
     training: LocalTraining
     params: Any
     shift_prob: Any = 0.0
+    # the message transform's traced settings (`mcfl.privacy.mechanism.DPSettings`: a
+    # sweep's dp_clip, dp_noise), None without DP
+    privacy: Any = None
 
 
 class Exchange(flax.struct.PyTreeNode):
@@ -71,7 +75,9 @@ class Exchange(flax.struct.PyTreeNode):
     * `norm_layers` [S, ...]: each participant's own normalisation layers (FedBN,
       `mcfl.algorithms.local_norm`): put into its start model before it trains, and the
       trained ones returned; `norm_trained` says whether a round's training did that;
-    * `key`: the key of the transform's server part (noise), split at each use.
+    * `key`: the key of the transform's server part (noise), split at each use;
+    * `present` [S]: 1.0 for the participants that report, 0.0 for the slots that fill a
+      Poisson-sampled round up to its fixed size (`mcfl.privacy.sampling`); None: all report.
     """
 
     clients: jax.Array
@@ -79,8 +85,28 @@ class Exchange(flax.struct.PyTreeNode):
     transform_state: Any = None
     norm_layers: Any = None
     key: Any = None
+    present: Any = None
     transform: MessageTransform = flax.struct.field(pytree_node=False, default=IDENTITY)
     norm_trained: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def weigh(self, weights: jax.Array) -> jax.Array:
+        """The aggregation weights of the round's clients from the algorithm's `weights` [S]
+        (or [S, K]: a client's shares in K components): every reporting client weighs 1 under
+        a transform that asks for it (DP: one client's contribution is bounded by its clipped
+        norm; a row of shares is scaled to sum to 1), and the clients that do not report
+        weigh 0."""
+        if not self.transform.uniform_weights and self.present is None:
+            return weights  # as the algorithm gave them
+        weights = jnp.asarray(weights, jnp.float32)
+        if self.transform.uniform_weights:
+            if weights.ndim == 1:
+                weights = jnp.ones_like(weights)
+            else:
+                weights = weights / jnp.maximum(jnp.sum(weights, axis=1, keepdims=True), 1e-30)
+        if self.present is None:
+            return weights
+        present = self.present.reshape((-1,) + (1,) * (weights.ndim - 1))
+        return weights * present
 
     @classmethod
     def of(cls, clients: jax.Array, rows=None) -> Exchange:

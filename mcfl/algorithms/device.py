@@ -33,7 +33,7 @@ from mcfl.algorithms.stored import (
     to_training,
 )
 from mcfl.engine import evaluate_clients
-from mcfl.transforms import IDENTITY, MessageTransform
+from mcfl.transforms import IDENTITY, MessageTransform, initial_state
 
 # Folded into a round's key for the transform's server part (noise), so that it draws nothing
 # the algorithm draws.
@@ -58,10 +58,29 @@ class OnDevice(NamedTuple):
 
 
 def exchange_for(transform: MessageTransform, clients, rows, transform_state,
-                 key) -> Exchange:
-    """The exchange of round `key` for `clients` whose rows are `rows` (training dtypes)."""
+                 key, present=None) -> Exchange:
+    """The exchange of round `key` for `clients` whose rows are `rows` (training dtypes);
+    `present`: which of them report (None: all)."""
     return Exchange(clients, rows, transform_state, None,
-                    jax.random.fold_in(key, TRANSFORM_KEY), transform=transform)
+                    jax.random.fold_in(key, TRANSFORM_KEY), present, transform=transform)
+
+
+def split_participants(chosen) -> tuple[jax.Array, Any]:
+    """``(clients [S], present [S] or None)`` from what `FederatedAlgorithm.participants`
+    returned: the clients, or ``(clients, present)`` for a Poisson-sampled round
+    (`mcfl.privacy.sampling`)."""
+    if isinstance(chosen, tuple):
+        return chosen
+    return chosen, None
+
+
+def kept_rows(old, new, present):
+    """The rows a round writes back: the trained ones, and the old ones of the slots that did
+    not report."""
+    if present is None:
+        return new
+    return jax.tree.map(lambda o, n: jnp.where(
+        present.reshape((-1,) + (1,) * (n.ndim - 1)) > 0, n, o), old, new)
 
 
 def on_device(algorithm: FederatedAlgorithm,
@@ -76,20 +95,21 @@ def on_device(algorithm: FederatedAlgorithm,
         if has_rows:
             clients = jnp.arange(data.num_clients, dtype=jnp.int32)
             rows = to_storage(client_state.fresh(state, clients), client_state.dtype)
-        return DeviceState(state, rows, transform.init())
+        return DeviceState(state, rows, initial_state(transform, hp.privacy))
 
     def round_(state: DeviceState, data, key, hp: Hyperparams, round_index):
-        clients = algorithm.participants(state.algorithm, data, key, round_index)
+        clients, present = split_participants(
+            algorithm.participants(state.algorithm, data, key, round_index))
         rows = None
         if has_rows:
             stored = jax.tree.map(lambda all_rows: all_rows[clients], state.rows)
             rows = to_training(stored, fresh_like(client_state, state.algorithm))
-        exchange = exchange_for(transform, clients, rows, state.transform, key)
+        exchange = exchange_for(transform, clients, rows, state.transform, key, present)
         new_state, metrics, exchange = algorithm.round(state.algorithm, data, key, hp,
                                                        exchange)
         all_rows = state.rows
         if has_rows:
-            new = to_storage(exchange.rows, client_state.dtype)
+            new = kept_rows(stored, to_storage(exchange.rows, client_state.dtype), present)
             all_rows = jax.tree.map(lambda everyone, r: everyone.at[clients].set(r),
                                     state.rows, new)
         return DeviceState(new_state, all_rows, exchange.transform_state), metrics

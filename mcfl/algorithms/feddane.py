@@ -37,6 +37,7 @@ from mcfl.algorithms.skeleton import aggregate, global_model, global_start, tran
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
+    UPDATES,
     ApplyFn,
     PyTree,
     RoundClients,
@@ -90,13 +91,13 @@ def feddane(context: AlgorithmContext) -> FederatedAlgorithm:
         train_key = jax.random.split(key)[1]
         clients = exchange.clients
         zeros = jnp.zeros_like(clients)
-        weights = data.train_counts[clients]
+        weights = exchange.weigh(data.train_counts[clients])
         begun = global_start(state.params, clients, weights,
                              hp.training.replace(mu=hp.params.mu))
         grads, _ = client_gradients(model.apply, data, begun.models, begun.selection,
                                     block_size=context.block_size)
         sums, totals = segment_sums(transformed(exchange, grads), zeros, weights, 1)
-        sums, totals, exchange = server_part(exchange, sums, totals)
+        sums, totals, exchange = server_part(exchange, sums, totals, UPDATES)
         mean_grad = jax.tree.map(lambda s: s[0] / jnp.maximum(totals[0], 1e-30), sums)
         correction = jax.tree.map(lambda g, m: m[None] - g, grads, mean_grad)  # [S, ...]
         # The correction is per client, so the factored paths (one shared product per

@@ -189,7 +189,8 @@ def mixture_of_components(context: AlgorithmContext, name: str,
             RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
             sent=part_at("components"), block_size=context.block_size)
         weights = counts.astype(jnp.float32)
-        averaged, exchange = weighted_mean_of(trained["components"], weights, exchange)
+        averaged, exchange = weighted_mean_of(trained["components"], weights, exchange,
+                                              start)
         components = jax.tree.map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old),
                                   averaged, start)
         cluster_of = shared.cluster_of.at[clients].set(

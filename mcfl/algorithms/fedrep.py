@@ -97,7 +97,7 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
             objective_training(hp.training, "body"), data, body_key, heads, selection,
             exchange=exchange, sent=part_at("body"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
-        body, exchange = weighted_mean_of(trained["body"], weights, exchange)
+        body, exchange = weighted_mean_of(trained["body"], weights, exchange, state[0])
         return ((body, state[1]), training_metrics(weights, stats),
                 exchange.replace(rows=trained["head"]))
 

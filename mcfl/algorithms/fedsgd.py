@@ -26,6 +26,7 @@ from mcfl.algorithms.skeleton import global_model
 from mcfl.data.federated import FederatedData
 from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
+    UPDATES,
     ApplyFn,
     PyTree,
     RoundClients,
@@ -75,7 +76,7 @@ def gradients_and_aggregate(
     block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
     sums, weight_sums, (_, loss) = reduce_clients(block_fn, inputs, inputs["chunks"], block_size,
                                                   num_segments, like)
-    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums)
+    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, UPDATES)
     return sums, weight_sums, loss, exchange
 
 
@@ -106,7 +107,7 @@ def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> Federat
         del key  # (it chose the participants)
         clients = exchange.clients
         zeros = jnp.zeros_like(clients)
-        weights = data.train_counts[clients]
+        weights = exchange.weigh(data.train_counts[clients])
         sums, weight_sums, losses, exchange = gradients_and_aggregate(
             model.apply, data, stack(state.params), RoundClients(clients, zeros), weights,
             zeros, 1, chunk, context.block_size, exchange)

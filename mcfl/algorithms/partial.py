@@ -117,7 +117,7 @@ def partial_personalisation(context: AlgorithmContext, own_of) -> FederatedAlgor
             sent=sent, block_size=context.block_size)
         trained_shared, trained_own = split(trained, own, collections)
         weights = data.train_counts[clients].astype(jnp.float32)
-        averaged, exchange = weighted_mean_of(trained_shared, weights, exchange)
+        averaged, exchange = weighted_mean_of(trained_shared, weights, exchange, state[0])
         return ((averaged, state[1]), training_metrics(weights, stats),
                 exchange.replace(rows=trained_own))
 

@@ -110,7 +110,7 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
             RoundClients(clients, jnp.zeros((size,), jnp.int32)), exchange=exchange,
             sent=part_at("w"), block_size=context.block_size)
         beta = hp.params.beta
-        mean, exchange = plain_mean_of(trained["w"], exchange)
+        mean, exchange = plain_mean_of(trained["w"], exchange, w)
         new_w = jax.tree.map(lambda g, m: (1.0 - beta) * g + beta * m, w, mean)
         metrics = training_metrics(data.train_counts[clients], stats)  # theta's loss
         return (new_w, state[1]), metrics, exchange.replace(rows=trained["theta"])

@@ -36,7 +36,7 @@ from mcfl.algorithms.base import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import plain_mean_of, sum_of, transformed
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import UPDATES, RoundClients, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
@@ -96,7 +96,7 @@ def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
         new_rows = jax.tree.map(variate, rows, c, x, trained)
         moves = transformed(exchange, jax.tree.map(lambda xg, y: y - xg[None], x, trained))
         changes = transformed(exchange, jax.tree.map(jnp.subtract, new_rows, rows))
-        move, exchange = plain_mean_of(moves, exchange)
+        move, exchange = plain_mean_of(moves, exchange, UPDATES)
         change, exchange = sum_of(changes, exchange)
         new_x = jax.tree.map(lambda xg, u: xg + hp.params.server_lr * u, x, move)
         new_c = jax.tree.map(lambda cg, d: cg + d / data.num_clients, c, change)

@@ -41,6 +41,7 @@ from mcfl.algorithms.base import (
 )
 from mcfl.algorithms.registry import AlgorithmContext
 from mcfl.engine import (
+    UPDATES,
     ClientStats,
     LocalTraining,
     PyTree,
@@ -57,7 +58,9 @@ class Start(NamedTuple):
     ``segments[i]`` of `num_segments` (or the one ``assign(messages)`` picks after training:
     FeSEM's E-step), times ``weights[i]``. `training`: how they train (None: ``hp.training``);
     `prox_scale` [S] scales a proximal term per client; `align` rewrites a block of messages
-    before they are summed (FeSEM-MA)."""
+    before they are summed (FeSEM-MA); `reference` [K, ...]: the model each segment's messages
+    are updates of, when a client may be summed into another segment than its start's
+    (DP-FeSEM's joined center; default: the start models, where that is so)."""
 
     models: PyTree
     selection: RoundClients
@@ -68,6 +71,7 @@ class Start(NamedTuple):
     prox_scale: Any = 1.0
     assign: Optional[Callable] = None
     align: Optional[Callable] = None
+    reference: Optional[PyTree] = None
 
 
 def global_start(params: PyTree, clients: jax.Array, weights: jax.Array,
@@ -104,21 +108,52 @@ class Aggregate(NamedTuple):
 def aggregate(context: AlgorithmContext, start: Start, data, key, hp,
               exchange: Exchange) -> tuple[Aggregate, Exchange]:
     """Stages (c)-(e) for the clients of `start`: train them, transform their messages,
-    sum them per segment (in blocks of the run's size)."""
+    sum them per segment (in blocks of the run's size), each weighing what the exchange
+    makes of the algorithm's weights (`Exchange.weigh`). The start models are the segments'
+    reference (what a transform acting on update sums subtracts) when each client is summed
+    into the segment of the model it started from."""
     training = hp.training if start.training is None else start.training
+    weights = exchange.weigh(start.weights)
     sums, weight_sums, segments, stats, exchange = train_and_aggregate(
-        training, data, key, start.models, start.selection, start.weights, start.segments,
+        training, data, key, start.models, start.selection, weights, start.segments,
         start.num_segments, start.prox_scale, start.assign, start.align, exchange=exchange,
-        block_size=context.block_size)
+        block_size=context.block_size, reference=_reference(start))
+    exchange = observed(exchange, stats.update_norm)
     return Aggregate(start.selection.clients, sums, weight_sums, segments, stats,
-                     start.weights, start.selection.start_index), exchange
+                     weights, start.selection.start_index), exchange
 
 
-def server_sums(exchange: Exchange, sums: PyTree, weight_sums: jax.Array):
+def observed(exchange: Exchange, norms: jax.Array) -> Exchange:
+    """The exchange after its transform observed the round's unclipped update norms [S] of
+    the reporting clients (adaptive clipping); as it is for a transform that does not."""
+    observe = exchange.transform.observe
+    if observe is None:
+        return exchange
+    present = (jnp.ones(norms.shape, jnp.float32) if exchange.present is None
+               else exchange.present)
+    key, own = jax.random.split(exchange.key)
+    return exchange.replace(transform_state=observe(exchange.transform_state, norms, present,
+                                                    own), key=key)
+
+
+def _reference(start: Start) -> Optional[PyTree]:
+    """The start models as the segments' reference, when segment k's clients all started
+    from model k (FedAvg's one model, IFCA's chosen cluster); None when a client may be
+    summed into another segment than its start's (FeSEM's E-step after training)."""
+    if start.reference is not None:
+        return start.reference
+    count = jax.tree.leaves(start.models)[0].shape[0]
+    if start.assign is not None or start.align is not None or count != start.num_segments:
+        return None
+    return start.models
+
+
+def server_sums(exchange: Exchange, sums: PyTree, weight_sums: jax.Array, reference=None):
     """Stage (e)'s end for messages an algorithm summed itself (collected with
     `mcfl.engine.train_and_collect`): the transform's server part on the weighted per-segment
-    sums [K, ...] and weights [K]; ``(sums, weight_sums, exchange)``."""
-    return server_part(exchange, sums, weight_sums)
+    sums [K, ...] and weights [K] (`reference`: as `mcfl.engine.server_part`'s);
+    ``(sums, weight_sums, exchange)``."""
+    return server_part(exchange, sums, weight_sums, reference)
 
 
 def transformed(exchange: Exchange, messages: PyTree) -> PyTree:
@@ -140,56 +175,79 @@ def as_messages(exchange: Exchange, trained: PyTree, start: PyTree) -> PyTree:
     return jax.tree.map(jnp.add, start, updates)
 
 
-def columns_mean_of(messages: PyTree, weights: jax.Array, floor: float, exchange: Exchange):
+def columns_mean_of(messages: PyTree, weights: jax.Array, floor: float, exchange: Exchange,
+                    reference=None):
     """[K, ...] the messages [S, ...] averaged with the weights of each column of `weights`
-    [S, K] (a client's share in each cluster): ``sum_s w_sk x_s / max(sum_s w_sk, floor)``,
-    with the transform's server part on the sums when it has one; ``(means, totals [K],
-    exchange)``."""
+    [S, K] (a client's share in each cluster, as `Exchange.weigh` makes them):
+    ``sum_s w_sk x_s / max(sum_s w_sk, floor)``, with the transform's server part on the sums
+    when it has one (`reference` [K, ...]: the model each column's messages are updates of);
+    ``(means, totals [K], exchange)``."""
+    weights = exchange.weigh(weights)
     totals = jnp.sum(weights, axis=0)
     if exchange.transform.server is None:
         scaled = weights.T / jnp.maximum(totals, floor)[:, None]
         return jax.tree.map(lambda x: jnp.tensordot(scaled, x, axes=1), messages), totals, \
             exchange
     sums = jax.tree.map(lambda x: jnp.tensordot(weights.T, x, axes=1), messages)
-    sums, totals, exchange = server_part(exchange, sums, totals)
+    sums, totals, exchange = server_part(exchange, sums, totals, reference)
     return jax.tree.map(lambda s: s / jnp.maximum(totals, floor).reshape(
         (-1,) + (1,) * (s.ndim - 1)), sums), totals, exchange
 
 
-def weighted_mean_of(messages: PyTree, weights: jax.Array, exchange: Exchange):
+def weighted_mean_of(messages: PyTree, weights: jax.Array, exchange: Exchange,
+                     reference=None):
     """The `weights`-weighted mean over the clients of collected messages [S, ...] (the
-    personalised algorithms' shared parts), with the transform's server part on their sum when
-    it has one; ``(mean, exchange)``. Without a server part the mean is the weights' shares
-    contracted with the messages, as those algorithms always computed it."""
+    personalised algorithms' shared parts; weights as `Exchange.weigh` makes them), with the
+    transform's server part on their sum when it has one (`reference`: the model the clients
+    started from, unstacked, or `UPDATES` when the messages are updates); ``(mean,
+    exchange)``. Without a server part the mean is the weights' shares contracted with the
+    messages, as those algorithms always computed it."""
+    weights = exchange.weigh(weights)
     if exchange.transform.server is None:
         share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
         return jax.tree.map(lambda x: jnp.tensordot(share, x.astype(jnp.float32), axes=1)
                             .astype(x.dtype), messages), exchange
     sums = jax.tree.map(lambda x: jnp.tensordot(weights, x.astype(jnp.float32), axes=1)[None],
                         messages)
-    sums, totals, exchange = server_part(exchange, sums, jnp.sum(weights)[None])
+    sums, totals, exchange = server_part(exchange, sums, jnp.sum(weights)[None],
+                                         _one_segment(reference))
     return jax.tree.map(lambda s, x: (s[0] / jnp.maximum(totals[0], 1e-30)).astype(x.dtype),
                         sums, messages), exchange
 
 
-def plain_mean_of(messages: PyTree, exchange: Exchange):
-    """The plain mean over the clients of collected messages [S, ...], with the transform's
-    server part on their sum when it has one; ``(mean, exchange)``."""
-    if exchange.transform.server is None:
+def plain_mean_of(messages: PyTree, exchange: Exchange, reference=None):
+    """The plain mean over the clients of collected messages [S, ...] (those that report),
+    with the transform's server part on their sum when it has one (`reference` as
+    `weighted_mean_of`'s); ``(mean, exchange)``."""
+    if exchange.transform.server is None and exchange.present is None:
         return jax.tree.map(lambda x: jnp.mean(x, axis=0), messages), exchange
     count = jax.tree.leaves(messages)[0].shape[0]
-    return weighted_mean_of(messages, jnp.ones((count,), jnp.float32), exchange)
+    return weighted_mean_of(messages, jnp.ones((count,), jnp.float32), exchange, reference)
 
 
 def sum_of(messages: PyTree, exchange: Exchange):
-    """The sum over the clients of collected messages [S, ...] (each weighing 1), with the
-    transform's server part on it when it has one; ``(sum, exchange)``."""
-    if exchange.transform.server is None:
-        return jax.tree.map(lambda x: jnp.sum(x, axis=0), messages), exchange
+    """The sum over the reporting clients of collected updates [S, ...] (each weighing 1;
+    SCAFFOLD's control-variate changes), with the transform's server part on it when it has
+    one; ``(sum, exchange)``."""
     count = jax.tree.leaves(messages)[0].shape[0]
-    sums = jax.tree.map(lambda x: jnp.sum(x, axis=0)[None], messages)
-    sums, _, exchange = server_part(exchange, sums, jnp.full((1,), count, jnp.float32))
-    return jax.tree.map(lambda x: x[0], sums), exchange
+    present = (jnp.ones((count,), jnp.float32) if exchange.present is None
+               else exchange.present)
+    if exchange.transform.server is None:
+        if exchange.present is None:
+            return jax.tree.map(lambda x: jnp.sum(x, axis=0), messages), exchange
+        return jax.tree.map(lambda x: jnp.tensordot(present, x, axes=1).astype(x.dtype),
+                            messages), exchange
+    sums = jax.tree.map(lambda x: jnp.tensordot(present, x.astype(jnp.float32), axes=1)[None],
+                        messages)
+    sums, _, exchange = server_part(exchange, sums, jnp.sum(present)[None], UPDATES)
+    return jax.tree.map(lambda s, x: s[0].astype(x.dtype), sums, messages), exchange
+
+
+def _one_segment(reference):
+    """A reference model as one segment's [1, ...] (`UPDATES` and None as they are)."""
+    if reference is None or reference is UPDATES:
+        return reference
+    return jax.tree.map(lambda r: r[None], reference)
 
 
 def round_of(context: AlgorithmContext, start: Callable, server: Callable) -> Callable:

@@ -45,6 +45,7 @@ from mcfl.engine.client_data import (
     sums_over_client_rows,
 )
 from mcfl.engine.clients import (
+    UPDATES,
     WHOLE,
     Part,
     RoundClients,
@@ -107,6 +108,7 @@ __all__ = [
     "reduce_clients",
     "segment_mean",
     "segment_sums",
+    "UPDATES",
     "server_part",
     "squared_distance",
     "train_and_aggregate",

@@ -35,6 +35,7 @@ from mcfl.engine.training import (
     squared_distance,
     steps_key,
 )
+from mcfl.errors import ConfigError
 from mcfl.models.spec import local_part, with_local_part
 
 
@@ -352,6 +353,7 @@ def train_and_aggregate(
     *,
     exchange=None,
     block_size: Optional[int] = None,
+    reference: Optional[PyTree] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array, ClientStats, object]:
     """Train the selected clients (stage (c)), pass each one's message through the exchange's
     transform (stage (d)) and return weighted per-segment sums of their models ([K, ...],
@@ -362,7 +364,9 @@ def train_and_aggregate(
     A client's segment is ``segments[i]``, or, with `assign`, ``assign(message_block)``
     computed after training (FeSEM's E-step on the freshly trained models). With `align`, the
     block's models are replaced by ``align(trained_block, segment)`` before they are summed
-    (FeSEM-MA's matched averaging). Blocks and the exchange as in `train_and_collect`.
+    (FeSEM-MA's matched averaging). Blocks and the exchange as in `train_and_collect`;
+    `reference` [K, ...]: the model each segment's clients started from, for a transform that
+    acts on update sums (`server_part`).
     """
     inputs, block_fn = _prepare_training(
         training, data, key, start_models, selection, weights, segments, prox_scale, assign,
@@ -374,17 +378,42 @@ def train_and_aggregate(
         block_fn, inputs, inputs["steps"], block_size, num_segments, like
     )
     exchange = _returned_norm_layers(exchange, inputs, own)
-    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums)
+    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, reference)
     return sums, weight_sums, segment, stats, exchange
 
 
-def server_part(exchange, sums: PyTree, weight_sums: jax.Array):
+def server_part(exchange, sums: PyTree, weight_sums: jax.Array, reference=None):
     """Stage (e)'s end: the aggregated messages (weighted per-segment sums [K, ...] and their
     weights [K]) through the exchange's transform's server part, which may update its state;
-    as they are when it has none."""
+    as they are when it has none.
+
+    A transform that acts on update sums (``transform.on_updates``: DP's noise) gets
+    ``sums - weight_sums * reference``, the sums of the clients' updates from `reference`
+    [K, ...] (the model each segment's clients started from), and its result is turned back
+    into sums of models with its own weights: the segment's mean is then ``reference +
+    (noised update sum) / (its weight)``. `reference` is `UPDATES` when the sums are of
+    updates already (SCAFFOLD's); a round that gives none cannot run such a transform."""
     if exchange is None or exchange.transform.server is None:
         return sums, weight_sums, exchange
     key, own = jax.random.split(exchange.key)
-    sums, weight_sums, state = exchange.transform.server(sums, weight_sums,
-                                                         exchange.transform_state, own)
-    return sums, weight_sums, exchange.replace(transform_state=state, key=key)
+    transform = exchange.transform
+    if transform.on_updates and reference is None:
+        raise ConfigError(f"the message transform {transform.name} acts on update sums, and "
+                          f"this round does not say which model its sums are updates of")
+    if transform.on_updates and reference is not UPDATES:
+        sums = jax.tree.map(lambda s, r: s - _by_segment(weight_sums, s) * r, sums, reference)
+    new_sums, new_weights, state = transform.server(sums, weight_sums,
+                                                    exchange.transform_state, own)
+    if transform.on_updates and reference is not UPDATES:
+        new_sums = jax.tree.map(lambda s, r: s + _by_segment(new_weights, s) * r, new_sums,
+                                reference)
+    return new_sums, new_weights, exchange.replace(transform_state=state, key=key)
+
+
+# `server_part`'s reference of sums that are sums of updates already.
+UPDATES = "updates"
+
+
+def _by_segment(weights: jax.Array, like: jax.Array) -> jax.Array:
+    """[K] weights shaped to broadcast against a [K, ...] leaf."""
+    return weights.reshape((-1,) + (1,) * (like.ndim - 1)).astype(like.dtype)

@@ -46,6 +46,19 @@ def client_metrics(counts: EvalCounts, n_test: np.ndarray) -> ClientMetrics:
     )
 
 
+def smallest_group_accuracy(metrics: ClientMetrics, groups: np.ndarray) -> dict[str, float]:
+    """The micro accuracy of the planted group with the fewest clients (ties: the lowest
+    group id): the clients DP's noise on a cluster's model hurts most, since the noise on a
+    cluster's mean scales as z C / n_k."""
+    groups = np.asarray(groups)
+    ids, sizes = np.unique(groups, return_counts=True)
+    members = (groups == ids[np.argmin(sizes)]) & (metrics.n_test > 0)
+    if not members.any():
+        return {}
+    w = metrics.n_test[members].astype(np.float64)
+    return {"smallest_group_accuracy": float(np.sum(w * metrics.accuracy[members]) / np.sum(w))}
+
+
 def aggregate(metrics: ClientMetrics) -> dict[str, float]:
     """Micro (test-sample-weighted) and macro (mean over clients) accuracy and F1."""
     has = metrics.n_test > 0

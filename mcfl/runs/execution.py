@@ -23,6 +23,8 @@ from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError, DataError, first_line
 from mcfl.models import count_params, make_model
 from mcfl.models.build import is_users, model_of
+from mcfl.privacy.plan import privacy_plan
+from mcfl.privacy.sampling import poisson_capacity
 from mcfl.runtime import distributed
 from mcfl.runtime.memory import out_of_memory
 
@@ -37,6 +39,8 @@ class RunPlan(NamedTuple):
     low_rank: bool  # rounds train on the factored path
     block_size: int  # clients per vmapped block in training
     eval_block: int  # ... in evaluation
+    # client-level DP (mcfl.privacy.plan.PrivacyPlan), None without it
+    privacy: Any = None
 
     @property
     def train_block(self) -> int:
@@ -71,6 +75,9 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     init_key = jax.random.key(0)  # shapes only
     params_count = count_params(jax.eval_shape(model.init, init_key))
     per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
+    privacy = privacy_plan(config, dataset.num_clients, per_round)
+    if config.client_sampling == "poisson":  # the round's fixed slots (mcfl.privacy.sampling)
+        per_round = poisson_capacity(dataset.num_clients, per_round)
     # Whether rounds will train on the factored path (a shift's view makes every round dense).
     low_rank = config.shift == "none" and engine.low_rank_capacity(
         local_training(config, model), dataset.arrays,
@@ -81,7 +88,7 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     block_size = config.block_size or engine.default_block_size(
         params_count, per_round, low_rank=low_rank and model.dense_layers is not None)
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
-    return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block)
+    return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block, privacy)
 
 
 def check_first_batch(model, dataset: FederatedDataset, config: RunConfig) -> None:

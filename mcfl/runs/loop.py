@@ -22,7 +22,7 @@ import numpy as np
 
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
-from mcfl.runs.evaluation import aggregate, client_metrics
+from mcfl.runs.evaluation import aggregate, client_metrics, smallest_group_accuracy
 from mcfl.runs.records import MemberRecord, add_communication, cluster_metrics
 
 
@@ -108,6 +108,8 @@ def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, co
         if not all(math.isfinite(v) for v in row.values()):
             record.status, record.diverged_row = "diverged", row
             break
+        if record.epsilons is not None:  # (infinite without noise: not a divergence)
+            row["dp_epsilon"] = float(record.epsilons[row["round"] - 1])
         record.round_seconds.append(seconds)
         record.comm_total += add_communication(row, params_count, record.comm_total)
         rows.append(row)
@@ -127,6 +129,8 @@ def _evaluate(program, values, state, dataset: FederatedDataset, records, fresh,
         own = jax.tree.map(lambda a, m=m: a[m], counts)
         scores = client_metrics(own, np.asarray(test_counts[m]))
         rows[-1].update(aggregate(scores))
+        if dataset.true_cluster is not None:
+            rows[-1].update(smallest_group_accuracy(scores, dataset.true_cluster))
         if assigned is not None:
             assignment = np.asarray(assigned[m])
             rows[-1].update(cluster_metrics(assignment, dataset.true_cluster))

@@ -40,6 +40,7 @@ from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl.algorithms.device import evaluation_counts, on_device, scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
+from mcfl.errors import ConfigError
 from mcfl.runs.evaluation import ClientMetrics, client_metrics
 from mcfl.runs.execution import RunPlan
 from mcfl.runs.loop import round_chunks
@@ -120,6 +121,13 @@ class RoundProgram:
                  width: Optional[int] = None, jit_options: Optional[dict] = None,
                  transform: MessageTransform = IDENTITY):
         self.config, self.plan, self.traced, self.members = config, plan, tuple(traced), members
+        if plan.privacy is not None:  # the config's DP is the run's transform
+            if transform.acts:
+                raise ConfigError(f"a run with --dp-clip sends its messages through DP's "
+                                  f"mechanism; it cannot also take the transform "
+                                  f"{transform.name} (chain them yourself: "
+                                  f"mcfl.privacy.mechanism.gaussian_mechanism)")
+            transform = plan.privacy.transform()
         self.transform = transform
         self.algorithm = algorithm = build_algorithm(config, plan.model, plan.clients_per_round,
                                                      plan.train_block)
@@ -131,7 +139,7 @@ class RoundProgram:
         jit_options = jit_options or {}
 
         def hp(values):
-            return hyperparams(config, plan.model, values)
+            return hyperparams(config, plan.model, values, plan.privacy)
 
         def init(values, init_key, data):
             return device.init(data, init_key, hp(values))

@@ -37,6 +37,8 @@ class MemberRecord:
     assignment_rounds: list[int] = dataclasses.field(default_factory=list)
     client_metrics: Optional[ClientMetrics] = None  # the last evaluation's, per client
     diverged_row: Optional[dict[str, Any]] = None  # the row with a non-finite value
+    # [rounds] DP's epsilon after each round (`mcfl.privacy.plan`), None without DP
+    epsilons: Optional[np.ndarray] = None
 
     @property
     def running(self) -> bool:
@@ -140,6 +142,11 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
         "jax_version": jax.__version__,
     }
     out.update(outcome(rows))
+    if plan.privacy is not None:
+        out.update(plan.privacy.summary(len(rows), config.dp_noise))
+        out["dp_clip"] = config.dp_clip
+        out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
+            if rows and "clients_reported" in rows[-1] else None
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
         if rows and key in rows[-1]:
             out[key] = rows[-1][key]

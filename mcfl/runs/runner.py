@@ -198,6 +198,10 @@ def run(
         output = _Output(checkpoints, commit, replacing=target is not None and target.pending,
                          folder=folder if checkpoints is not None else None)
         try:
+            if plan.privacy is not None and plan.privacy.rounds < config.rounds:
+                # --dp-epsilon-budget ends the run at the last round within it (run.json
+                # keeps the config as given; a resumed run stops at the same round)
+                config = config.replace(rounds=plan.privacy.rounds)
             return _run(config, dataset, plan, started, observers, profile_dir, mesh, output,
                         None if resume is None else Path(resume), transform)
         except BaseException as stop:
@@ -305,6 +309,8 @@ def _run(
         state = program.initial_state({}, init_key, data, resuming)
         init_seconds = time.perf_counter() - init_start
         record = MemberRecord()
+        if plan.privacy is not None:
+            record.epsilons = plan.privacy.epsilons(config.rounds)
         chunks = program.chunks
         checkpoints = output.checkpoints
         if resuming:

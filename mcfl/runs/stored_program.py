@@ -60,6 +60,7 @@ from mcfl.store.choose import StoreChoice, choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.start import streamed_start
 from mcfl.store.stores import make_store
+from mcfl.transforms import initial_state
 
 
 class StoredProgram(RoundProgram):
@@ -69,6 +70,10 @@ class StoredProgram(RoundProgram):
     def __init__(self, config: RunConfig, plan: RunPlan, kind: str, folder: Optional[Path],
                  traced=(), members: bool = False, mesh=None, width=None, jit_options=None,
                  transform=None):
+        if config.client_sampling == "poisson":
+            raise ConfigError(f"--client-sampling poisson runs with the clients' rows on the "
+                              f"device; this run keeps them in a {kind} store: give "
+                              f"--client-store device, or fewer clients")
         super().__init__(config.replace(scan_rounds=False), plan, traced, members, mesh, width,
                          jit_options, *(() if transform is None else (transform,)))
         self.kind, self.folder = kind, folder
@@ -90,11 +95,12 @@ class StoredProgram(RoundProgram):
                 else lambda fn, batched: fn)
 
         def hp(values):
-            return hyperparams(config, plan.model, values)
+            return hyperparams(config, plan.model, values, plan.privacy)
 
         def init(values, init_key, data):
-            return DeviceState(algorithm.init(data, init_key, hp(values)), None,
-                               transform.init())
+            params = hp(values)
+            return DeviceState(algorithm.init(data, init_key, params), None,
+                               initial_state(transform, params.privacy))
 
         def sample(initial, rounds_key, data, r):
             return algorithm.participants(initial, data, jax.random.fold_in(rounds_key, r), r)

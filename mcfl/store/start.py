@@ -27,6 +27,7 @@ from mcfl.algorithms import hyperparams
 from mcfl.algorithms.device import DeviceState
 from mcfl.algorithms.stored import to_storage
 from mcfl.store.stores import make_store
+from mcfl.transforms import initial_state
 
 # Features of the clients trained together, at most (float32).
 START_CHUNK_BYTES = 1 << 28
@@ -112,10 +113,11 @@ def _train_and_cluster(program, start, points_fn, member_values, keys, data, mem
             kept = min(chunk, num_clients - lo)
             store.scatter(np.broadcast_to(clients[:kept], (members, kept)).copy(),
                           rows[:, :kept].view(np.uint8), 1)
-        states = [DeviceState(start.finish(data, keys[m],
-                                           hyperparams(config, plan.model, member_values(m)),
+        params = [hyperparams(config, plan.model, member_values(m), plan.privacy)
+                  for m in range(members)]
+        states = [DeviceState(start.finish(data, keys[m], params[m],
                                            StoreSource(store, m, width, chunk, dtype)),
-                              None, program.transform.init())
+                              None, initial_state(program.transform, params[m].privacy))
                   for m in range(members)]
     finally:
         store.close()

@@ -405,6 +405,10 @@ def _run_chunk(program: RoundProgram, grp: Group, g: int, start: int, chunk: lis
     state = program.init(values, init_keys, dataset.arrays)
     info["init_seconds"] += time.perf_counter() - t0
     records = [MemberRecord() for _ in members]
+    privacy = program.plan.privacy
+    if privacy is not None:  # each member's epsilon, from its own noise multiplier
+        for member, record in zip(members, records):
+            record.epsilons = privacy.epsilons(member.config.rounds, member.config.dp_noise)
     place = {"group": g, "first": start, "members": [m.index for m in members]}
     chunks = program.chunks
     checkpoints = output.chunk_started()

@@ -23,6 +23,8 @@ from mcfl.errors import ConfigError
 
 # Varied by `seeds=` / `data_seeds=`, not by the grid.
 SEED_KEYS = ("seed", "data_seed")
+# Optional floats traced when a config gives them (DP's numbers, `mcfl.privacy.mechanism`).
+TRACED_WHEN_GIVEN = ("dp_clip", "dp_noise")
 # The most seeds a sweep takes (a range such as 0-99999999999 would fill the memory).
 MAX_SEEDS = 1_000_000
 
@@ -65,9 +67,12 @@ def _setting_fields(config: RunConfig) -> dict[str, tuple[type, dataclasses.Fiel
 
 def traceable_keys(config: RunConfig) -> tuple[str, ...]:
     """The settings of `config` a sweep may vary inside one program: floats not marked
-    ``static`` and not shaping the data."""
+    ``static`` and not shaping the data, and optional floats that `config` gives (DP's
+    dp_clip and dp_noise: None turns DP off, which shapes the program)."""
     return tuple(key for key, (cls, f) in _setting_fields(config).items()
-                 if settings.is_traced(cls, f) and key not in DATA_FIELDS)
+                 if key not in DATA_FIELDS and (settings.is_traced(cls, f) or (
+                     settings.type_of(cls, f) == Optional[float] and key in TRACED_WHEN_GIVEN
+                     and getattr(config, key) is not None)))
 
 
 def _seed_ranges(text: str, what: str) -> list[range]:

@@ -1,0 +1,137 @@
+"""A run's privacy, settled before it starts: the mechanism (C, z, the denominator), delta, the
+accountant, the epsilon after every round, and the rounds a budget allows.
+
+`privacy_plan(config, population, expected)` reads the config's ``dp_*`` settings
+(`mcfl.config.PrivacySettings`) once the dataset's client count N is known: delta defaults to
+1 / N^1.1, z is solved from ``dp_epsilon`` when that is given, and each round is accounted as
+one sampled Gaussian mechanism whose noise multiplier composes everything the round releases
+(`mechanism.Mechanism.released_noise`). The epsilon after round r depends on r alone (not on
+the data), so the whole curve is computed on the host before the first round; a resumed run
+recomputes the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from mcfl.errors import ConfigError
+from mcfl.privacy import accounting, support
+from mcfl.privacy.mechanism import DPSettings, Mechanism, gaussian_mechanism
+from mcfl.transforms import MessageTransform
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyPlan:
+    """The privacy of a run (module docstring). `rounds`: the rounds it runs (fewer than the
+    config's when ``dp_epsilon_budget`` stops it early)."""
+
+    mechanism: Mechanism
+    sampling: str  # "poisson" | "fixed"
+    population: int
+    expected: int
+    delta: float
+    accountant: str
+    rounds: int
+    budget: Optional[float] = None
+    # the noise multiplier of a private initialisation on all clients, composed before the
+    # rounds (DP-FeSEM's k-means), None without one
+    before_noise: Optional[float] = None
+
+    def transform(self) -> MessageTransform:
+        return gaussian_mechanism(self.mechanism)
+
+    def settings(self, values: Mapping[str, Any]) -> DPSettings:
+        """The mechanism's traced numbers: a sweep member's ``dp_clip`` / ``dp_noise`` from
+        `values`, else the plan's."""
+        return DPSettings(values.get("dp_clip", self.mechanism.clip),
+                          values.get("dp_noise", self.mechanism.noise))
+
+    def round_mechanism(self, noise: Optional[float] = None) -> accounting.RoundMechanism:
+        """What the accountant composes each round (with update-sum multiplier `noise`)."""
+        return accounting.RoundMechanism(self.sampling, self.population, self.expected,
+                                         self.mechanism.released_noise(noise))
+
+    def before(self):
+        """The initialisation's event (one Gaussian mechanism on all N clients), or None."""
+        return _event(self.sampling, self.population, self.before_noise)
+
+    def epsilons(self, rounds: Optional[int] = None,
+                 noise: Optional[float] = None) -> np.ndarray:
+        """[rounds] epsilon at delta after each round (a private initialisation's cost
+        included)."""
+        return accounting.epsilons(self.round_mechanism(noise), rounds or self.rounds,
+                                   self.delta, self.accountant, self.before())
+
+    def describe(self, noise: Optional[float] = None) -> str:
+        text = accounting.Accountant(self.round_mechanism(noise), self.delta,
+                                     self.accountant).describe()
+        if self.before_noise is not None:
+            text += (f"; after a private initialisation on all clients, one Gaussian "
+                     f"mechanism with z = {self.before_noise:.4g}")
+        return text
+
+    def summary(self, rounds_done: int, noise: Optional[float] = None) -> dict[str, Any]:
+        """What a run's summary.json says of its privacy after `rounds_done` rounds."""
+        spent = float(self.epsilons(max(rounds_done, 1), noise)[-1]) if rounds_done else 0.0
+        return {"dp_epsilon": spent, "dp_delta": self.delta,
+                "dp_accountant": self.accountant,
+                "dp_accounting": self.describe(noise),
+                "dp_noise": float(self.mechanism.noise if noise is None else noise),
+                "dp_noise_released": self.mechanism.released_noise(noise),
+                "dp_clip": float(self.mechanism.clip),
+                "dp_sampling": self.sampling, "dp_sampling_rate": self.expected / self.population,
+                "dp_epsilon_budget": self.budget, "dp_rounds_within_budget": self.rounds}
+
+
+def sampling_of(config) -> str:
+    """The accountant's sampling event for the config's client sampling."""
+    return "poisson" if config.client_sampling == "poisson" else "fixed"
+
+
+def privacy_plan(config, population: int, expected: int) -> Optional[PrivacyPlan]:
+    """The plan of `config` on `population` clients, `expected` a round (None without DP)."""
+    if config.dp_clip is None:
+        return None
+    covered = support.covered(config.algorithm)
+    delta = config.dp_delta if config.dp_delta is not None else \
+        accounting.default_delta(population)
+    accounting.check_delta(delta)
+    sampling = sampling_of(config)
+    clustered = covered.noised_counts and config.clusters > 1
+    mechanism = Mechanism(config.dp_clip, 0.0 if config.dp_noise is None else config.dp_noise,
+                          float(expected), covered.sums, clustered, config.dp_clip_per_layer,
+                          config.dp_adaptive_quantile)
+    # an algorithm whose initialisation reads the clients privately says at what noise
+    # (its hyperparameters' `private_initialisation`: DP-FeSEM's k-means)
+    initialisation = getattr(config.params, "private_initialisation", None)
+    before = None if initialisation is None else initialisation()
+    if config.dp_epsilon is not None:
+        released = accounting.solve_noise(config.dp_epsilon, config.rounds, delta, sampling,
+                                          population, expected, config.dp_accountant,
+                                          _event(sampling, population, before))
+        mechanism = dataclasses.replace(mechanism, noise=mechanism.noise_for(released))
+    plan = PrivacyPlan(mechanism, sampling, population, expected, delta, config.dp_accountant,
+                       config.rounds, config.dp_epsilon_budget, before)
+    if config.dp_epsilon_budget is not None:
+        within = accounting.rounds_within(plan.round_mechanism(), config.dp_epsilon_budget,
+                                          delta, config.rounds, config.dp_accountant,
+                                          plan.before())
+        if within == 0:
+            first = float(plan.epsilons(1)[0])
+            raise ConfigError(f"--dp-epsilon-budget {config.dp_epsilon_budget:g} is spent by "
+                              f"the first round alone (epsilon {first:.4g}); allowed: a budget "
+                              f"above {first:.4g}, or more noise")
+        plan = dataclasses.replace(plan, rounds=within)
+    return plan
+
+
+
+def _event(sampling: str, population: int, noise: Optional[float]):
+    """A Gaussian mechanism with multiplier `noise` on all clients (None: None)."""
+    if noise is None:
+        return None
+    return accounting.RoundMechanism(sampling, population, population, noise).event()
