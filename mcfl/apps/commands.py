@@ -59,6 +59,8 @@ class _LazyBar:
         if "accuracy_micro" in row:
             shown["acc"] = f"{row['accuracy_micro']:.3f}"
             shown["acc_macro"] = f"{row['accuracy_macro']:.3f}"
+        if "dp_epsilon" in row:
+            shown["eps"] = f"{row['dp_epsilon']:.3g}"
         self._bar.set_postfix(shown, refresh=False)
         self._bar.update(1)
 
@@ -125,10 +127,14 @@ def cmd_run(args) -> int:
     best = (f"best {s['best_accuracy_micro']:.4f}" if config.score == "mcfl" else
             "paper score " + ("- (some client never joined a group)" if paper is None
                               else f"{paper:.4f}"))
+    private = ""
+    if "dp_epsilon" in s:
+        private = (f"; epsilon {s['dp_epsilon']:.4g} at delta {s['dp_delta']:.3g} "
+                   f"({s['dp_accountant'].upper()}, z = {s['dp_noise']:.4g})")
     print(
         f"{config.algorithm}: accuracy micro {s['final_accuracy_micro']:.4f} "
         f"({best}), macro {s['final_accuracy_macro']:.4f}, "
-        f"f1 micro {s['final_f1_micro']:.4f}; {s['seconds_per_round']:.3f} s/round; "
+        f"f1 micro {s['final_f1_micro']:.4f}{private}; {s['seconds_per_round']:.3f} s/round; "
         f"results in {out}/"
     )
     return 0

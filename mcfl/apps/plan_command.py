@@ -166,6 +166,7 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
         f"({estimate.params:,} parameters)",
         f"data {_size(estimate.data_bytes)}, run state {_size(estimate.state_bytes)}, "
         f"client store {estimate.store} ({_size(estimate.stored_bytes)} stored)",
+        *_privacy_lines(estimate.privacy),
         "",
         f"{'program':<9} {'calls':>6} {'FLOPs':>9} {'of which matmul':>15} {'bytes moved':>11} "
         f"{'XLA FLOPs':>9} {'memory here':>11}",
@@ -209,6 +210,20 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
     return "\n".join(lines)
 
 
+def _privacy_lines(privacy: Optional[dict]) -> list[str]:
+    """What a DP run will spend, before it runs."""
+    if privacy is None:
+        return []
+    budget = ""
+    if privacy["dp_epsilon_budget"] is not None:
+        budget = (f"; the budget {privacy['dp_epsilon_budget']:g} stops it after round "
+                  f"{privacy['dp_rounds_within_budget']}")
+    return [f"privacy: epsilon {privacy['dp_epsilon']:.4g} at delta {privacy['dp_delta']:.3g} "
+            f"after {privacy['dp_rounds_within_budget']} rounds{budget} (noise multiplier "
+            f"{privacy['dp_noise']:.4g}, clip {privacy['dp_clip']:g}); "
+            f"{privacy['dp_accounting']}"]
+
+
 def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float) -> dict:
     """`mcfl plan --json`: the same figures, machine-readable."""
     return {
@@ -227,5 +242,6 @@ def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds:
                                     "run_seconds": b.run_seconds, "bound_by": b.limit,
                                     "occasional_round_seconds": b.occasional_round_seconds,
                                     "source": b.target.source} for b in bounds},
+        "privacy": estimate.privacy,
         "plan_seconds": seconds,
     }

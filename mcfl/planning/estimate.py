@@ -63,6 +63,9 @@ class RunEstimate(NamedTuple):
     # a round that does its occasional work (`mcfl.planning.cost`: FlexCFL's newcomers'
     # pre-training, a migration ...); None when the round has none
     occasional_round: Optional[Cost] = None
+    # client-level DP: what the planned run will spend (`mcfl.privacy.plan.PrivacyPlan.
+    # summary` after its rounds), None without DP
+    privacy: Optional[dict] = None
 
     def program(self, name: str) -> ProgramEstimate:
         return next(p for p in self.programs if p.name == name)
@@ -151,7 +154,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         data_bytes=_tree_bytes(data), state_bytes=_tree_bytes(state),
         store=f"{store.kind}: {store.reason}", stored_bytes=store.stored_bytes,
         programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})",
-        occasional_round=occasional_round)
+        occasional_round=occasional_round,
+        privacy=None if plan.privacy is None else plan.privacy.summary(plan.privacy.rounds))
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:

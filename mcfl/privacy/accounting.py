@@ -20,8 +20,10 @@ up to twice its clip norm: dp-accounting is given z / 2 (`RoundMechanism.account
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
+import logging
 import math
 import numbers
 from typing import Optional
@@ -257,6 +259,20 @@ def _samples_without_replacement(event: dp_accounting.DpEvent) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _skipped_orders_unlogged():
+    """dp-accounting warns (through absl's logger) of each RDP order whose series did not
+    converge and is left out of the minimum; the epsilon is still a valid bound, and a run's
+    terminal is no place for it: the logger is raised to errors for one computation."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 class _RdpRounds:
     """Before-event plus r rounds under RDP: RDP composes by adding curves order by order
     (Mironov 2017, Proposition 1), so one round's curve is computed once and added per round;
@@ -269,7 +285,8 @@ class _RdpRounds:
 
     @staticmethod
     def _curve(event, relation) -> numpy.ndarray:
-        accountant = make_accountant("rdp", relation, event).compose(event)
+        with _skipped_orders_unlogged():
+            accountant = make_accountant("rdp", relation, event).compose(event)
         # The curve is the accountant's state (``_rdp`` in dp-accounting 0.6, not public):
         # read once, it spares recomputing one round's curve at every round (0.1-0.4 s each).
         return numpy.array(accountant._rdp, dtype=numpy.float64)
@@ -427,7 +444,9 @@ def solve_noise(target_epsilon: float, rounds: int, delta: float, sampling: str,
 
     def epsilon_at(log_noise: float) -> float:
         event = run_event(log_noise)
-        return make_accountant(accountant, relation, event).compose(event).get_epsilon(delta)
+        with _skipped_orders_unlogged():
+            return make_accountant(accountant, relation, event).compose(event).get_epsilon(
+                delta)
 
     low, high = (math.log(z) for z in NOISE_RANGE)
     at_most_noise = epsilon_at(high)
