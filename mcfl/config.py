@@ -427,6 +427,10 @@ def _check_privacy(c: RunConfig) -> None:
         raise ConfigError("client-level DP needs exactly one of --dp-noise (the noise "
                           "multiplier) and --dp-epsilon (the target it is solved for); got "
                           + ("both" if c.dp_noise is not None else "neither"))
+    if c.dp_canaries and c.algorithm not in support.CANARY_ALGORITHMS:
+        raise ConfigError(f"--dp-canaries measures the change of one global model; "
+                          f"--algorithm {c.algorithm} is not one of "
+                          f"{', '.join(support.CANARY_ALGORITHMS)}")
     if c.client_sampling == "round_robin_first":
         raise ConfigError("client-level DP accounts for random or poisson client sampling; "
                           "--client-sampling round_robin_first is neither")

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from mcfl.errors import ConfigError
 from mcfl.privacy.accounting import effective_noise
+from mcfl.privacy.canaries import inserted_sum
 from mcfl.transforms import MessageTransform, global_norm
 
 # Andrew et al. 2021, Sec. 3: the clipped-count noise as a share of the expected count, and
@@ -82,6 +83,10 @@ class Mechanism:
     noised_counts: bool = False
     per_layer: bool = False
     adaptive_quantile: Optional[float] = None
+    # canary clients (`mcfl.privacy.canaries`): how many, their seed, the rate they join at
+    canaries: int = 0
+    canary_seed: int = 0
+    canary_rate: float = 0.0
 
     @property
     def bits_noise(self) -> float:
@@ -155,7 +160,13 @@ def gaussian_mechanism(mechanism: Mechanism) -> MessageTransform:
             raise ConfigError("the DP mechanism was built for one aggregated segment, and this "
                               "round sums its clients into several: the algorithm's privacy "
                               "support says otherwise (mcfl.privacy.support)")
-        sum_key, count_key = jax.random.split(key)
+        sum_key, count_key, canary_key = jax.random.split(key, 3)
+        if mechanism.canaries:  # the canaries' updates C u_j join the sum before the noise
+            like = jax.tree.map(lambda s: s[0], sums)
+            inserted = inserted_sum(mechanism.canary_seed, mechanism.canaries,
+                                    mechanism.canary_rate, canary_key, like)
+            sums = jax.tree.map(lambda s, c: s + (state.clip * c)[None].astype(s.dtype), sums,
+                                inserted)
         leaves, treedef = jax.tree.flatten(sums)
         keys = jax.random.split(sum_key, len(leaves))
         std = state.noise * state.clip

@@ -23,6 +23,9 @@ from mcfl.privacy import accounting, support
 from mcfl.privacy.mechanism import DPSettings, Mechanism, gaussian_mechanism
 from mcfl.transforms import MessageTransform
 
+# Canary directions come from the run's seed plus this (never the seed of anything else).
+CANARY_SEED_OFFSET = 0x63616E61
+
 
 @dataclasses.dataclass(frozen=True)
 class PrivacyPlan:
@@ -104,7 +107,8 @@ def privacy_plan(config, population: int, expected: int) -> Optional[PrivacyPlan
     clustered = covered.noised_counts and config.clusters > 1
     mechanism = Mechanism(config.dp_clip, 0.0 if config.dp_noise is None else config.dp_noise,
                           float(expected), covered.sums, clustered, config.dp_clip_per_layer,
-                          config.dp_adaptive_quantile)
+                          config.dp_adaptive_quantile, config.dp_canaries,
+                          CANARY_SEED_OFFSET + config.seed, expected / population)
     # an algorithm whose initialisation reads the clients privately says at what noise
     # (its hyperparameters' `private_initialisation`: DP-FeSEM's k-means)
     initialisation = getattr(config.params, "private_initialisation", None)

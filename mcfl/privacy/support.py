@@ -77,6 +77,11 @@ REFUSED: dict[str, str] = {
 }
 
 
+# Algorithms whose server keeps one global model in ``state.params``, summed in one segment:
+# the canaries' check measures its change (`mcfl.privacy.canaries`).
+CANARY_ALGORITHMS = ("fedavg", "fedprox", "feddist", "feddws")
+
+
 def covered(algorithm: str) -> Covered:
     """How `algorithm`'s round is made private, or a `ConfigError` saying why it cannot be."""
     if algorithm in COVERED:

@@ -31,6 +31,7 @@ from mcfl.files import checkpoint, faults
 from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
 from mcfl.files.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
 from mcfl.models.build import model_label
+from mcfl.privacy import canaries
 from mcfl.runs import records
 from mcfl.runs.embedding import embedding_for_run
 from mcfl.runs.execution import RunPlan, client_mesh, plan_run, run_keys
@@ -308,6 +309,10 @@ def _run(
         init_start = time.perf_counter()
         state = program.initial_state({}, init_key, data, resuming)
         init_seconds = time.perf_counter() - init_start
+        probed = plan.privacy is not None and plan.privacy.mechanism.canaries > 0
+        # (canaries: the global model before any round, kept before the state is donated)
+        initial_model = jax.device_get(program.algorithm_state(state).params) if probed \
+            else None
         record = MemberRecord()
         if plan.privacy is not None:
             record.epsilons = plan.privacy.epsilons(config.rounds)
@@ -379,6 +384,9 @@ def _run(
 
         faults.point("finished")  # the last checkpoint is written, the final files not yet
         summary = summary_with("completed")
+        if probed:
+            summary.update(canary_summary(plan.privacy, initial_model,
+                                          jax.device_get(program.algorithm_state(state).params)))
         final_assignment = record.assignments[-1] if record.assignments else None
         clients = records.client_table(dataset, record.client_metrics, final_assignment)
         stacked = np.stack(record.assignments) if record.assignments else None
@@ -395,6 +403,15 @@ def _run(
         return result
     finally:
         program.close()
+
+
+def canary_summary(privacy, initial, final) -> dict[str, Any]:
+    """summary.json's empirical check: the canaries' one-shot estimate beside the
+    accountant's epsilon (`mcfl.privacy.canaries`)."""
+    mechanism = privacy.mechanism
+    found = canaries.estimate(initial, final, mechanism.canary_seed, mechanism.canaries,
+                              privacy.delta)
+    return {"dp_empirical_epsilon": found.epsilon, "dp_canaries": found.to_dict()}
 
 
 def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state, data,
