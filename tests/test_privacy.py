@@ -214,12 +214,14 @@ def test_bad_privacy_settings_are_one_line_and_exit_2(argv, says, capsys, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
-def test_a_sweep_over_the_noise_is_one_program_and_each_member_is_its_run():
+def test_a_sweep_over_the_noise_is_one_program_and_each_member_is_its_run(tmp_path):
     """dp_noise = 0.5, 2 with two seeds: one group (dp_noise traced), epsilon falls as the
     noise rises, and the (z = 2, seed 1) member equals the single run with those settings."""
     config = TINY.replace(dp_clip=1.0, dp_noise=1.0)
     data = mcfl.data.load_dataset(config)
-    result = mcfl.sweep(config, seeds=[0, 1], grid={"dp_noise": [0.5, 2.0]}, dataset=data)
+    result = mcfl.sweep(config, seeds=[0, 1], grid={"dp_noise": [0.5, 2.0]}, dataset=data,
+                        out_dir=tmp_path / "sweep")
+    assert (tmp_path / "sweep" / "privacy.png").is_file()  # the privacy-utility plot
     assert len(result.groups) == 1 and result.groups[0]["traced"] == ["dp_noise"]
     epsilons = [m["dp_epsilon"] for m in result.members]
     assert epsilons[0] == epsilons[1] > epsilons[2] == epsilons[3]

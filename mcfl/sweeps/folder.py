@@ -38,8 +38,9 @@ FINISHED = ("completed", "diverged")
 def write_tables(out: Path, spec: dict[str, Any], members: list[dict], rounds: list[dict],
                  summary: list[dict], point_names: Sequence[str], final: bool) -> None:
     """The sweep's tables and its spec, and when `final` its band plot of the completed
-    members. sweep.json goes first while the sweep runs (the folder says what it holds from
-    its first file on) and last when it is final (its "completed" means every file is)."""
+    members (and, for a DP sweep, its privacy-utility plot). sweep.json goes first while the
+    sweep runs (the folder says what it holds from its first file on) and last when it is
+    final (its "completed" means every file is)."""
     if not final:
         write_spec(out, spec)
     atomic.write_csv(out / "members.csv", members)
@@ -49,6 +50,8 @@ def write_tables(out: Path, spec: dict[str, Any], members: list[dict], rounds: l
         completed = {m["member"] for m in members if m["status"] == "completed"}
         tables.plot_bands([r for r in rounds if r["member"] in completed], point_names,
                           out / "curves.png")
+        if tables.has_privacy(summary):
+            tables.plot_privacy_utility(summary, point_names, out / "privacy.png")
         write_spec(out, spec)
 
 

@@ -117,3 +117,54 @@ def plot_bands(rounds: Sequence[dict[str, Any]], point_names: Sequence[str], pat
     if curves:
         ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def has_privacy(summary: Sequence[dict[str, Any]]) -> bool:
+    """Whether a sweep's points ran with client-level DP (they have an epsilon)."""
+    return any(row.get("dp_epsilon_mean") is not None for row in summary)
+
+
+def plot_privacy_utility(summary: Sequence[dict[str, Any]], point_names: Sequence[str],
+                         path: Path) -> Path:
+    """The privacy-utility curve of a DP sweep: each point's final accuracy (mean +/- one
+    std over its seeds) against the epsilon it spent, with the smallest planted group's
+    accuracy beside it where the data have groups (DP's noise on a cluster's mean grows as
+    z C / n_k: the small group pays first). Points that differ in settings other than the
+    noise and the clipping norm (an algorithm, K) are separate curves; a point without noise
+    (epsilon infinite) is drawn at the right edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    private = [row for row in summary if row.get("dp_epsilon_mean") is not None]
+    finite = [row["dp_epsilon_mean"] for row in private if math.isfinite(row["dp_epsilon_mean"])]
+    edge = 2.0 * max(finite) if finite else 1.0
+    others = [n for n in point_names if n not in ("dp_noise", "dp_clip", "dp_epsilon")]
+    curves: dict[tuple, list[dict]] = {}
+    for row in private:
+        curves.setdefault(tuple(row.get(n) for n in others), []).append(row)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, rows in curves.items():
+        rows = sorted(rows, key=lambda r: r["dp_epsilon_mean"])
+        xs = [r["dp_epsilon_mean"] if math.isfinite(r["dp_epsilon_mean"]) else edge
+              for r in rows]
+        name = point_label(dict(zip(others, key))) if others else "overall"
+        for metric, style, label in (("final_accuracy_micro", "-o", name),
+                                     ("smallest_group_accuracy", "--s",
+                                      f"{name}: smallest group")):
+            means = [r.get(f"{metric}_mean") for r in rows]
+            if all(m is None for m in means):
+                continue
+            stds = [0.0 if not r.get(f"{metric}_std") or math.isnan(r[f"{metric}_std"])
+                    else r[f"{metric}_std"] for r in rows]
+            ax.errorbar(xs, [np.nan if m is None else m for m in means], yerr=stds, fmt=style,
+                        capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set(xlabel="epsilon spent (at the run's delta; right edge: no noise)",
+           ylabel="final test accuracy (micro)",
+           title="privacy-utility: mean +/- 1 std over seeds")
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
