@@ -110,7 +110,8 @@ def partition_arrays(
 
     x_raw, true_cluster = arrays.x, None
     if part.planted is not None:
-        true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng)
+        true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng,
+                                                     part.shares)
         row_cluster = np.where(owner >= 0, true_cluster[np.maximum(owner, 0)], 0)
         x_raw, y = partition.plant_rows(part.planted, arrays.x, y, row_cluster, part.clusters,
                                         arrays.num_classes, rng)

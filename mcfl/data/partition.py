@@ -232,13 +232,24 @@ def cap_rows(owner: np.ndarray, per_client: int, rng: np.random.Generator) -> np
     return capped
 
 
-def planted_cluster_ids(num_clients: int, num_clusters: int, rng: np.random.Generator):
-    """[C] true cluster ids, balanced (sizes differ by at most one), in random order."""
+def planted_cluster_ids(num_clients: int, num_clusters: int, rng: np.random.Generator,
+                        shares: tuple[float, ...] = ()):
+    """[C] true cluster ids in random order: balanced (sizes differ by at most one), or with
+    cluster k holding ``round(C shares_k / sum(shares))`` clients (the rounding's rest in the
+    largest; each at least one)."""
     if not 1 <= num_clusters <= num_clients:
         raise DataError(
             f"planted clusters need 1 <= R <= {num_clients} clients, got R = {num_clusters}"
         )
-    return rng.permutation(np.arange(num_clients) % num_clusters)
+    if not shares:
+        return rng.permutation(np.arange(num_clients) % num_clusters)
+    weights = np.asarray(shares, np.float64)
+    sizes = np.maximum(1, np.round(num_clients * weights / weights.sum())).astype(int)
+    sizes[np.argmax(sizes)] += num_clients - sizes.sum()
+    if sizes.min() < 1:
+        raise DataError(f"planted proportions {shares} leave a cluster without clients among "
+                        f"{num_clients}")
+    return rng.permutation(np.repeat(np.arange(num_clusters), sizes))
 
 
 def rotate_images(x: np.ndarray, row_cluster: np.ndarray, num_clusters: int) -> np.ndarray:

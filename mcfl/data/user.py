@@ -148,7 +148,7 @@ def plant(dataset: FederatedDataset, recipe: str, seed: int = 0) -> FederatedDat
     recipe = f"{part.planted}:{part.clusters}"
     shape = _rotatable_shape(dataset, recipe) if part.planted == "rotated" else None
     rng = np.random.default_rng(seed)
-    true = partition.planted_cluster_ids(dataset.num_clients, part.clusters, rng)
+    true = partition.planted_cluster_ids(dataset.num_clients, part.clusters, rng, part.shares)
     a, count = dataset.arrays, dataset.num_clients
     # Both splits at once: a label map is drawn once for a cluster's train and test rows.
     owner = np.concatenate([np.asarray(a.train_owner), np.asarray(a.test_owner)]).astype(int)
