@@ -78,6 +78,21 @@ def test_planted_rotation_and_permutation():
         partition.rotate_images(np.zeros((4, 60)), np.zeros(4, int), 2)
 
 
+def test_planted_clusters_in_given_proportions():
+    """rotated:4/4,3,2,1 over 240 clients: clusters of 96, 72, 48 and 24 clients in a random
+    order; the spec prints back; malformed proportions are one line naming the part."""
+    spec = parse_partition("rotated:4/4,3,2,1")
+    assert spec.shares == (4.0, 3.0, 2.0, 1.0) and str(spec) == "rotated:4/4,3,2,1+iid"
+    ids = partition.planted_cluster_ids(240, 4, RNG(0), spec.shares)
+    np.testing.assert_array_equal(np.bincount(ids), [96, 72, 48, 24])
+    assert not np.all(np.diff(ids) >= 0)  # shuffled
+    uneven = partition.planted_cluster_ids(10, 3, RNG(0), (1.0, 1.0, 1.0))
+    assert sorted(np.bincount(uneven)) == [3, 3, 4] and len(uneven) == 10
+    for bad in ("rotated:4/1,2", "rotated:4/1,2,3,x", "rotated:2/1,-1", "dirichlet:0.5/1"):
+        with pytest.raises(ConfigError, match="proportions"):
+            parse_partition(bad)
+
+
 def test_partition_specs():
     assert parse_partition("rotated:4+dirichlet:0.5") == ("dirichlet", 0.5, "rotated", 4)
     assert str(parse_partition("permuted:2")) == "permuted:2+iid"

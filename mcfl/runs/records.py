@@ -147,7 +147,8 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
         out["dp_clip"] = config.dp_clip
         out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
             if rows and "clients_reported" in rows[-1] else None
-    for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance"):
+    for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance",
+                "smallest_group_accuracy"):
         if rows and key in rows[-1]:
             out[key] = rows[-1][key]
     out["wall_seconds"] = time.perf_counter() - started
