@@ -263,3 +263,18 @@ def test_canaries_estimate_lies_below_the_accountant_with_noise_and_is_large_wit
     assert noised["dp_canaries"]["inserted"] == 200 and noised["dp_canaries"]["unseen"] == 800
     free = mcfl.run(config.replace(dp_noise=0.0), dataset=data).summary
     assert math.isinf(free["dp_epsilon"]) and free["dp_empirical_epsilon"] > 20
+
+
+def test_an_epsilon_budget_stops_the_run_at_the_last_round_within_it(tmp_path):
+    """A budget between the epsilon after round 2 and after round 3 of 5: the run completes
+    2 rounds (its last evaluated), says so in its summary, and draws epsilon in its curves."""
+    config = TINY.replace(rounds=5, dp_clip=1.0, dp_noise=1.0)
+    spent = privacy_plan(config, 30, 6).epsilons()
+    budget = float(spent[1] + spent[2]) / 2
+    result = mcfl.run(config.replace(dp_epsilon_budget=budget), out_dir=tmp_path / "run")
+    assert [row["round"] for row in result.rounds] == [1, 2]
+    assert result.summary["status"] == "completed"
+    assert result.summary["dp_rounds_within_budget"] == 2
+    assert result.summary["dp_epsilon"] == pytest.approx(spent[1]) <= budget
+    assert "accuracy_micro" in result.rounds[-1]  # the last round within it is evaluated
+    assert (tmp_path / "run" / "curves.png").is_file()

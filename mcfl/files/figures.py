@@ -5,6 +5,7 @@ matplotlib is imported inside the functions that draw: `import mcfl` stays quick
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,20 @@ def plot_curves(path: Path, rows: list[dict[str, Any]], title: str = "") -> None
     plot_runs(path, {"": rows}, title)
 
 
+def _epsilon_axis(ax, runs: dict[str, list[dict[str, Any]]]) -> None:
+    """DP runs: the epsilon spent after each round, dotted, on a second axis of `ax`."""
+    spent = {label: [r for r in rows if r.get("dp_epsilon") is not None
+                     and math.isfinite(r["dp_epsilon"])] for label, rows in runs.items()}
+    if not any(spent.values()):
+        return
+    twin = ax.twinx()
+    for label, rows in spent.items():
+        if rows:
+            twin.plot([r["round"] for r in rows], [r["dp_epsilon"] for r in rows], ":",
+                      color="gray", label=f"{label + ' ' if label else ''}epsilon")
+    twin.set_ylabel("epsilon spent (dotted)")
+
+
 def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = "") -> None:
     """Several runs' accuracy and training loss per round, side by side in one PNG."""
     import matplotlib
@@ -80,6 +95,7 @@ def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = ""
             color=line.get_color(),
             label=f"{prefix}test",
         )
+    _epsilon_axis(ax_acc, runs)
     ax_acc.set(xlabel="round", ylabel="test accuracy", title="accuracy")
     ax_loss.set(xlabel="round", ylabel="cross-entropy", title="loss", yscale="log")
     for ax in (ax_acc, ax_loss):

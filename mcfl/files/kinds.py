@@ -18,7 +18,7 @@ from mcfl.errors import McflError
 # The files (and folders) of each kind; the first is its marker, written when it starts.
 FILES = {
     "sweep": ("sweep.json", "members.csv", "rounds.csv", "summary.csv", "curves.png",
-              "checkpoints"),
+              "privacy.png", "checkpoints"),
     "table": ("reproduce.json", "table.md", "table.csv", "table.png", "cells"),
     "bench": ("bench.json", "bench.png", "summary.md"),
     "select-k": ("select_k.json", "select_k.csv", "select_k.png"),

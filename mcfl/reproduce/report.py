@@ -29,8 +29,9 @@ def shown_settings(table: Table, cell: Cell) -> dict[str, Any]:
 
 
 def table_row(table: Table, cell: Cell, result, seconds: float) -> dict:
-    """The cell's line: its sweep's summary over seeds (one grid point), in percent, for each
-    metric of the table; the first metric's values also at the top level."""
+    """The cell's line: its sweep's summary over seeds (one grid point), in percent (or the
+    metric's own scale), for each metric of the table; the first metric's values also at the
+    top level."""
     metrics: tuple[Metric, ...] = table.metrics
     point = result.summary[0] if result.summary else {}
 
@@ -41,12 +42,12 @@ def table_row(table: Table, cell: Cell, result, seconds: float) -> dict:
     done = [m for m in result.members if m["status"] == "completed"]
     scored = []
     for metric, paper in zip(metrics, cell.paper_values(len(metrics))):
-        mean = percent(f"{metric.key}_mean")
+        mean = percent(f"{metric.key}_mean", metric.scale)
         scored.append({
             "metric": metric.key, "header": metric.header, "paper": paper, "mcfl_mean": mean,
-            "mcfl_std": percent(f"{metric.key}_std"),
+            "mcfl_std": percent(f"{metric.key}_std", metric.scale),
             "difference": None if mean is None or paper is None else mean - paper,
-            "per_seed": [round(100 * m[metric.key], 2) for m in done
+            "per_seed": [round(metric.scale * m[metric.key], 2) for m in done
                          if m.get(metric.key) is not None]})
     first = scored[0]
     return {"cell": cell.label, "paper": first["paper"], "mcfl_mean": first["mcfl_mean"],

@@ -10,7 +10,8 @@ A table file's keys are the fields of the dataclass of the same part:
 
 - `Table`: title, source, setting (an experiments/ file's name, without .toml) and position
   (where the table comes in `mcfl reproduce --list`, 1 first); optionally data_layout and
-  metrics (an array of {key, header}; the paper's rule when left out);
+  metrics (an array of {key, header, and optionally scale: 100, percent, by default; 1 for a
+  value shown as it is, an epsilon}; the paper's rule when left out);
 - [full] and [quick], the two `Form`s: changes, seeds and cost; optionally note, setting,
   claim, orderings (arrays of cell labels, best first) and cells of their own
   ([[quick.cells]]);
@@ -42,6 +43,7 @@ NO_VALUE = "none"  # a paper value the paper does not report, in a table file
 class Metric:
     key: str  # the sweep summary's metric (`mcfl.sweeps.tables.SUMMARY_METRICS`)
     header: str  # its column in table.md
+    scale: float = 100.0  # shown times this: 100 for shares in percent, 1 for an epsilon
 
 
 PAPER_RULE = Metric(SCORE, "accuracy (paper's rule)")
@@ -200,8 +202,16 @@ def _fields(values: Any, key: str, schema: dict[str, tuple[_Reader, bool]]) -> d
             if name in values}
 
 
+def _scale(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _Invalid(f"{key} must be a number above 0 (100: percent, 1: as it is), got "
+                       f"{value!r}")
+    return float(value)
+
+
 def _metric(values: Any, key: str) -> Metric:
-    return Metric(**_fields(values, key, {"key": (_text, True), "header": (_text, True)}))
+    return Metric(**_fields(values, key, {"key": (_text, True), "header": (_text, True),
+                                          "scale": (_scale, False)}))
 
 
 def _cell(values: Any, key: str) -> Cell:
