@@ -60,6 +60,12 @@ def table_row(table: Table, cell: Cell, result, seconds: float) -> dict:
             "seconds": round(seconds, 1)}
 
 
+def _units(metrics) -> str:
+    """How the table's columns are scaled: in percent, save the ones shown as they are."""
+    plain = [m.header for m in metrics if m.scale == 1.0]
+    return "in percent" + (f" ({', '.join(plain)} as it is)" if plain else "")
+
+
 def _fmt(value, spec=".1f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -88,7 +94,8 @@ def format_markdown(table: Table, quick: bool, base: RunConfig, seeds: list[int]
              f"--seeds {len(seeds)}`. Wall time: {wall:.0f} s on {platform.node() or 'this'} "
              f"({platform.processor() or platform.machine()}).",
              "",
-             f"Score: {scoring}, in percent, mean +/- sample std over seeds; 'mcfl best' is "
+             f"Score: {scoring}, {_units(table.metrics)}, mean +/- sample std over seeds; "
+             f"'mcfl best' is "
              "mcfl's own best micro accuracy (every evaluated round, every client with its "
              "model).", ""]
     if table.metrics == (PAPER_RULE,):
