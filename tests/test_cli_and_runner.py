@@ -83,7 +83,8 @@ def test_python_api_writes_nothing_unless_asked(tmp_path, monkeypatch):
         (["--lr", "inf"], "lr must be a finite number, got inf"),
         (["--seed", "-1"], "seed must be an integer >= 0"),
         (["--seed", "99999999999999999999"], "seed must be an integer >= 0 and <= "),
-        (["--fesem-lambda", "0.1"], "fesem_lambda applies to fesem, fesem_ma, not 'fedavg'"),
+        (["--fesem-lambda", "0.1"],
+         "fesem_lambda applies to fesem, fesem_ma, dp_fesem, not 'fedavg'"),
         (["--clients", "ten"], "argument --clients: invalid int value: 'ten'"),
     ],
 )

@@ -42,7 +42,7 @@ def test_help_lists_every_hyperparameter_with_its_default():
         for key in settings.fields_of(spec.params):
             assert "--" + key.replace("_", "-") in help_text, key
             assert spec.name in help_text
-    assert "--fesem-lambda FESEM_LAMBDA [fesem, fesem_ma] lambda of Eq. 6" in help_text
+    assert "--fesem-lambda FESEM_LAMBDA [fesem, fesem_ma, dp_fesem] lambda of Eq. 6" in help_text
     assert "(default 0.05)" in help_text
 
 

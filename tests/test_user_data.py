@@ -225,7 +225,8 @@ def test_label_swap_maps_by_hand():
 
 
 def test_label_swap_is_a_partition_everywhere():
-    assert parse_partition("label_swap:3+dirichlet:0.5") == ("dirichlet", 0.5, "label_swap", 3)
+    assert parse_partition("label_swap:3+dirichlet:0.5") == ("dirichlet", 0.5, "label_swap", 3,
+                                                             ())
     assert str(parse_partition("label_swap:2")) == "label_swap:2+iid"
     with pytest.raises(ConfigError, match="allowed: .*label_swap:R"):
         parse_partition("swap:2")

@@ -50,9 +50,9 @@ from mcfl.algorithms.base import (
 )
 from mcfl.algorithms.device import DeviceState, OnDevice, on_device, scan_rounds
 from mcfl.algorithms.local_norm import with_local_norm
+from mcfl.algorithms.poisson import with_poisson_sampling
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
-from mcfl.privacy.sampling import with_poisson_sampling
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec

@@ -8,7 +8,8 @@ train like the others but report nothing (``Exchange.present`` is 0 for them: we
 row written back). The capacity is q N plus six standard deviations of the binomial count;
 a round in which more clients join keeps the first `capacity` of them, and counts the others
 in the metric ``poisson_overflow`` (the probability per round is below 1e-9 by the normal
-tail; the accountant's bound assumes none, and a run's summary reports the total).
+tail; the accountant's bound assumes none, and a run's summary reports the total). An
+algorithm's rounds take their clients so through `mcfl.algorithms.poisson`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-
-from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.engine.sampling import resolve_clients_per_round
 
 TAIL_DEVIATIONS = 6.0
 
@@ -44,32 +42,3 @@ def poisson_clients(key: jax.Array, population: int, rate: float,
     present = joined[clients].astype(jnp.float32)
     overflow = jnp.sum(joined.astype(jnp.int32)) - jnp.sum(present.astype(jnp.int32))
     return clients.astype(jnp.int32), present, overflow
-
-
-def with_poisson_sampling(algorithm: FederatedAlgorithm,
-                          clients_per_round) -> FederatedAlgorithm:
-    """`algorithm` whose participants (stage (a)) are a Poisson sample with q = S / N (S from
-    the config's `clients_per_round`, resolved against the data's N), in
-    `poisson_capacity(N, S)` slots: the participants are ``(clients, present)``, and the
-    round's metrics say how many reported (``clients_reported``) and overflowed."""
-    def participants(state, data, key, round_):
-        del state, round_
-        population = data.num_clients
-        expected = resolve_clients_per_round(clients_per_round, population)
-        capacity = poisson_capacity(population, expected)
-        clients, present, _ = poisson_clients(jax.random.split(key)[0], population,
-                                              expected / population, capacity)
-        return clients, present
-
-    def round_(state, data, key, hp, exchange):
-        state, metrics, exchange = algorithm.round(state, data, key, hp, exchange)
-        population = data.num_clients
-        expected = resolve_clients_per_round(clients_per_round, population)
-        capacity = poisson_capacity(population, expected)
-        _, _, overflow = poisson_clients(jax.random.split(key)[0], population,
-                                         expected / population, capacity)
-        metrics = {**metrics, "clients_reported": jnp.sum(exchange.present),
-                   "poisson_overflow": overflow.astype(jnp.float32)}
-        return state, metrics, exchange
-
-    return algorithm._replace(participants=participants, round=round_)

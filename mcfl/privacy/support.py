@@ -39,7 +39,8 @@ COVERED: dict[str, Covered] = {
     "perfedavg": Covered(),
     "ditto": Covered(),  # its shared model; the personal models never leave the clients
     "ifca": Covered(noised_counts=True),
-    "dp_fesem": Covered(noised_counts=True),
+    # (its clip relative to the joined center is the run's C: not adaptive)
+    "dp_fesem": Covered(noised_counts=True, adaptive=False),
     "fedsgd": Covered(adaptive=False),  # the gradient is the message
     "feddane": Covered(sums=2, adaptive=False),  # gradients, then models
     "scaffold": Covered(sums=2, adaptive=False),  # model updates and control-variate changes
