@@ -116,10 +116,10 @@ class Mechanism:
             rest -= (2.0 * self.bits_noise) ** -2
         if rest <= 0:
             raise ConfigError(
-                f"a released noise multiplier of {released:.4g} is below what adaptive "
-                f"clipping's clipped count alone releases (2 sigma_b = "
-                f"{2 * self.bits_noise:.4g}); raise the epsilon target or drop "
-                f"--dp-adaptive-quantile")
+                f"the epsilon target leaves nothing for the updates: a round may release a "
+                f"noise multiplier of {released:.4g}, and adaptive clipping's clipped count "
+                f"alone releases {2 * self.bits_noise:.4g} (2 sigma_b, no more noise than "
+                f"that); raise the epsilon target or drop --dp-adaptive-quantile")
         return math.sqrt(terms / rest)
 
 
