@@ -238,10 +238,21 @@ def stack(params, count: int = 1):
 
 
 def training_metrics(weights: jax.Array, stats: ClientStats) -> dict[str, jax.Array]:
-    """Round metrics from the sampled clients' stats: train loss weighted by training samples,
-    and FlexCFL's discrepancy (Eq. 3: the mean over sampled clients of ||W_i - W_t||, with W_t
-    the model the client started the round from)."""
+    """Round metrics from the sampled clients' stats (those that report, in a Poisson round):
+    train loss weighted by training samples, and FlexCFL's discrepancy (Eq. 3: the mean over
+    sampled clients of ||W_i - W_t||, with W_t the model the client started the round from)."""
     w = weights.astype(jnp.float32)
+    if stats.reported is not None:  # a Poisson round: over the clients that report
+        reported = stats.reported.astype(jnp.float32)
+        w = w * reported
+        count = jnp.sum(reported)
+        return {
+            "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
+            "discrepancy": jnp.sum(reported * stats.update_norm) / jnp.maximum(count, 1.0),
+            "local_steps": jnp.sum(reported * stats.steps.astype(jnp.float32))
+            / jnp.maximum(count, 1.0),
+            "models_down": count, "models_up": count,
+        }
     return {
         "train_loss": jnp.sum(w * stats.loss) / jnp.maximum(jnp.sum(w), 1.0),
         "discrepancy": jnp.mean(stats.update_norm),

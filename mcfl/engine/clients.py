@@ -335,7 +335,7 @@ def train_and_collect(
 
     block_size = block_size_for(start_models, size, block_size)
     models, _, (stats, own) = map_clients(block_fn, inputs, inputs["steps"], block_size)
-    return models, stats, _returned_norm_layers(exchange, inputs, own)
+    return models, _reported(stats, exchange), _returned_norm_layers(exchange, inputs, own)
 
 
 def train_and_aggregate(
@@ -379,7 +379,15 @@ def train_and_aggregate(
     )
     exchange = _returned_norm_layers(exchange, inputs, own)
     sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, reference)
-    return sums, weight_sums, segment, stats, exchange
+    return sums, weight_sums, segment, _reported(stats, exchange), exchange
+
+
+def _reported(stats: ClientStats, exchange) -> ClientStats:
+    """The stats with which clients report (a Poisson round's `Exchange.present`), so that
+    a round's metrics are over those (`mcfl.algorithms.base.training_metrics`)."""
+    if exchange is None or exchange.present is None:
+        return stats
+    return stats._replace(reported=exchange.present)
 
 
 def server_part(exchange, sums: PyTree, weight_sums: jax.Array, reference=None):

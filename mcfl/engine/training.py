@@ -122,6 +122,9 @@ class ClientStats(NamedTuple):
     steps: jax.Array  # local steps actually taken
     update_norm: jax.Array  # ||W_i(after) - W_i(start)||, FlexCFL Eq. 3's summand
     sq_norm: jax.Array  # ||W_i(after)||^2, for intra-cluster distances of streamed M-steps
+    # 1.0 for the clients that report, 0.0 for a Poisson round's empty slots (which train but
+    # send nothing: `mcfl.privacy.sampling`); None: all report
+    reported: Optional[jax.Array] = None
 
 
 def ceil_div(a, b):
