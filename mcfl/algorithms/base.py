@@ -108,6 +108,12 @@ class Exchange(flax.struct.PyTreeNode):
         present = self.present.reshape((-1,) + (1,) * (weights.ndim - 1))
         return weights * present
 
+    def reporting(self) -> jax.Array:
+        """[S] float32: 1 for each participant that reports (`present`, or all of them)."""
+        if self.present is None:
+            return jnp.ones(self.clients.shape, jnp.float32)
+        return self.present
+
     @classmethod
     def of(cls, clients: jax.Array, rows=None) -> Exchange:
         """The exchange of a round of `clients` (and their `rows`), with nothing transformed

@@ -98,6 +98,11 @@ def noised_means(sums: jax.Array, counts: jax.Array, previous: jax.Array, std, c
     return jnp.where(heard, noisy_sums / jnp.maximum(noisy_counts, 1.0)[:, None], previous)
 
 
+def sum_noise_std(noise, clip):
+    """The noise std on a sum of rows clipped to `clip`: z C (0 without clipping, no DP)."""
+    return noise * jnp.where(jnp.isfinite(clip), clip, 0.0)
+
+
 def private_kmeans(key: jax.Array, points: jax.Array, num_clusters: int, iterations: int,
                    clip, noise) -> tuple[jax.Array, jax.Array]:
     """DP Lloyd's k-means (module docstring) on clipped `points` [n, f]: ``(labels [n],
@@ -110,7 +115,7 @@ def private_kmeans(key: jax.Array, points: jax.Array, num_clusters: int, iterati
         labels = nearest(points, centers)
         one_hot = jax.nn.one_hot(labels, num_clusters, dtype=jnp.float32)
         centers = noised_means(one_hot.T @ points, one_hot.sum(0), centers,
-                               noise * jnp.where(jnp.isfinite(clip), clip, 0.0), noise,
+                               sum_noise_std(noise, clip), noise,
                                jax.random.fold_in(key, step))
     return nearest(points, centers), centers
 
@@ -170,7 +175,7 @@ def dp_fesem(context: AlgorithmContext) -> FederatedAlgorithm:
             labels, num_clusters, align=clipped_from_w0, block_size=context.block_size)
         update_sums = jax.vmap(lambda m: ravel_pytree(m)[0])(sums) - counts[:, None] * flat0
         means = noised_means(update_sums, counts, jnp.zeros((num_clusters, flat0.shape[0])),
-                             noise * jnp.where(jnp.isfinite(clip), clip, 0.0), noise,
+                             sum_noise_std(noise, clip), noise,
                              model_key)
         centers = jax.vmap(unravel)(flat0[None] + means)
         return ClusterState.create(centers, labels, jnp.ones((num_clusters,), bool))

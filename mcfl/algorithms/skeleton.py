@@ -129,8 +129,7 @@ def observed(exchange: Exchange, norms: jax.Array) -> Exchange:
     observe = exchange.transform.observe
     if observe is None:
         return exchange
-    present = (jnp.ones(norms.shape, jnp.float32) if exchange.present is None
-               else exchange.present)
+    present = exchange.reporting()
     key, own = jax.random.split(exchange.key)
     return exchange.replace(transform_state=observe(exchange.transform_state, norms, present,
                                                     own), key=key)
@@ -229,9 +228,7 @@ def sum_of(messages: PyTree, exchange: Exchange):
     """The sum over the reporting clients of collected updates [S, ...] (each weighing 1;
     SCAFFOLD's control-variate changes), with the transform's server part on it when it has
     one; ``(sum, exchange)``."""
-    count = jax.tree.leaves(messages)[0].shape[0]
-    present = (jnp.ones((count,), jnp.float32) if exchange.present is None
-               else exchange.present)
+    present = exchange.reporting()
     if exchange.transform.server is None:
         if exchange.present is None:
             return jax.tree.map(lambda x: jnp.sum(x, axis=0), messages), exchange

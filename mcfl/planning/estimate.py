@@ -155,7 +155,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         store=f"{store.kind}: {store.reason}", stored_bytes=store.stored_bytes,
         programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})",
         occasional_round=occasional_round,
-        privacy=None if plan.privacy is None else plan.privacy.summary(plan.privacy.rounds))
+        privacy=None if plan.privacy is None else plan.privacy.summary(
+            plan.privacy.epsilons()[-1]))
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:

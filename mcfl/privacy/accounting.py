@@ -383,20 +383,26 @@ class Accountant:
         return self._delta
 
     def describe(self) -> str:
-        """One line, e.g. "RDP accountant (dp-accounting 0.6.0), Poisson-sampled Gaussian,
-        q = 0.1, z = 1.1, add-or-remove-one neighbours, delta = 1e-05"."""
-        library = f"dp-accounting {_dp_accounting_version()}"
-        kind = (f"RDP accountant ({library})" if self._name == "rdp"
-                else f"PLD accountant ({library}, grid {PLD_DISCRETIZATION:g})")
-        parts = [kind,
-                 self._mechanism.describe(), _NEIGHBOURS[neighbouring(self._mechanism)],
-                 f"delta = {self._delta:g}"]
-        if self._before is not None:
-            parts.append("after a private initialisation")
-        return ", ".join(parts)
+        """One line (`describe`)."""
+        return describe(self._mechanism, self._delta, self._name, self._before)
 
 
 # ----------------------------------------------------------------------------- run-level
+
+
+def describe(mechanism: RoundMechanism, delta: float, accountant: str = "rdp",
+             before: Optional[dp_accounting.DpEvent] = None) -> str:
+    """One line saying what the accountant composes, e.g. "RDP accountant (dp-accounting
+    0.6.0), Poisson-sampled Gaussian, q = 0.1, z = 1.1, add-or-remove-one neighbours, delta =
+    1e-05" (composing nothing: a run's summary says it without accounting again)."""
+    library = f"dp-accounting {_dp_accounting_version()}"
+    kind = (f"RDP accountant ({library})" if _check_accountant(accountant) == "rdp"
+            else f"PLD accountant ({library}, grid {PLD_DISCRETIZATION:g})")
+    parts = [kind, mechanism.describe(), _NEIGHBOURS[neighbouring(mechanism)],
+             f"delta = {check_delta(delta):g}"]
+    if before is not None:
+        parts.append("after a private initialisation")
+    return ", ".join(parts)
 
 
 def epsilons(mechanism: RoundMechanism, rounds: int, delta: float, accountant: str = "rdp",

@@ -70,17 +70,16 @@ class PrivacyPlan:
                                    self.delta, self.accountant, self.before())
 
     def describe(self, noise: Optional[float] = None) -> str:
-        text = accounting.Accountant(self.round_mechanism(noise), self.delta,
-                                     self.accountant).describe()
+        text = accounting.describe(self.round_mechanism(noise), self.delta, self.accountant)
         if self.before_noise is not None:
             text += (f"; after a private initialisation on all clients, one Gaussian "
                      f"mechanism with z = {self.before_noise:.4g}")
         return text
 
-    def summary(self, rounds_done: int, noise: Optional[float] = None) -> dict[str, Any]:
-        """What a run's summary.json says of its privacy after `rounds_done` rounds."""
-        spent = float(self.epsilons(max(rounds_done, 1), noise)[-1]) if rounds_done else 0.0
-        return {"dp_epsilon": spent, "dp_delta": self.delta,
+    def summary(self, spent: float, noise: Optional[float] = None) -> dict[str, Any]:
+        """What a run's summary.json says of its privacy, having spent epsilon `spent` (its
+        `epsilons` at the rounds done: the caller has them)."""
+        return {"dp_epsilon": float(spent), "dp_delta": self.delta,
                 "dp_accountant": self.accountant,
                 "dp_accounting": self.describe(noise),
                 "dp_noise": float(self.mechanism.noise if noise is None else noise),

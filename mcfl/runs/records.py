@@ -143,7 +143,8 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
     }
     out.update(outcome(rows))
     if plan.privacy is not None:
-        out.update(plan.privacy.summary(len(rows), config.dp_noise))
+        spent = float(record.epsilons[len(rows) - 1]) if rows else 0.0
+        out.update(plan.privacy.summary(spent, config.dp_noise))
         out["dp_clip"] = config.dp_clip
         out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
             if rows and "clients_reported" in rows[-1] else None

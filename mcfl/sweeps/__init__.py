@@ -407,8 +407,12 @@ def _run_chunk(program: RoundProgram, grp: Group, g: int, start: int, chunk: lis
     records = [MemberRecord() for _ in members]
     privacy = program.plan.privacy
     if privacy is not None:  # each member's epsilon, from its own noise multiplier
+        spent: dict[Any, Any] = {}  # epsilons by noise (once each: seeds and padding share it)
         for member, record in zip(members, records):
-            record.epsilons = privacy.epsilons(member.config.rounds, member.config.dp_noise)
+            noise = member.config.dp_noise
+            if noise not in spent:
+                spent[noise] = privacy.epsilons(member.config.rounds, noise)
+            record.epsilons = spent[noise]
     place = {"group": g, "first": start, "members": [m.index for m in members]}
     chunks = program.chunks
     checkpoints = output.chunk_started()
