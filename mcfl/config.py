@@ -31,6 +31,7 @@ from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
 from mcfl.privacy import support
 from mcfl.settings import INT64_MAX, Static, setting
+from mcfl.system.devices import DEADLINE_POLICIES, system_model
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
@@ -138,6 +139,39 @@ class PrivacySettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class SystemSettings:
+    """Clients as they are (`mcfl.system`): devices on a simulated clock, availability,
+    dropouts, deadlines, over-selection. On when any of them is given."""
+
+    device_speeds: Optional[str] = setting(
+        None, "each client's compute speed in local steps per simulated second, drawn: "
+        "constant:V | uniform:LO,HI | lognormal:MU,SIGMA | pareto:SHAPE,SCALE (default: 1 "
+        "step a second once the clock is on)")
+    bandwidth: Optional[str] = setting(
+        None, "each client's network in MB/s both ways, drawn as --device-speeds (a message "
+        "is the model's float32 parameters); default: messages take no time")
+    latency: float = setting(0.0, "seconds added to every message", minimum=0)
+    device_trace: Optional[str] = setting(
+        None, "a CSV or JSON file giving every client's speed, bandwidth, latency and online "
+        "intervals (README, 'Clients as they are'), instead of --device-speeds / --bandwidth")
+    availability: str = setting(
+        "always", "when clients can be sampled: always | diurnal:PERIOD,ON_FRACTION (online "
+        "ON_FRACTION of every PERIOD seconds, phases at random) | trace:PERIOD (the trace's "
+        "intervals, repeating every PERIOD seconds)")
+    client_dropout: Optional[float] = setting(
+        None, "chance P that a sampled client fails before reporting (each round, each "
+        "client)", minimum=0, below=1)
+    deadline: Optional[float] = setting(
+        None, "round deadline in simulated seconds: clients report the steps they finished by "
+        "then (or drop: --deadline-policy)", above=0)
+    deadline_policy: str = setting("partial", "a client cut by the deadline: partial (reports "
+                                   "the steps it finished) | drop", choices=DEADLINE_POLICIES)
+    over_select: float = setting(
+        0.0, "over-selection (Bonawitz et al. 2019): sample ceil((1 + F) S) clients and keep "
+        "the first S to finish", minimum=0, maximum=10)
+
+
+@dataclasses.dataclass(frozen=True)
 class ShiftSettings:
     """Client-level distribution shift (FlexCFL Sec. 5.3), for any algorithm."""
 
@@ -205,13 +239,14 @@ GROUPS: dict[str, type] = {
     "training": TrainingSettings,
     "sampling": SamplingSettings,
     "privacy": PrivacySettings,
+    "system": SystemSettings,
     "distribution_shift": ShiftSettings,
     "evaluation": EvaluationSettings,
     "execution": ExecutionSettings,
 }
 GROUP_TITLES = {"run": "the run", "data": "data", "network": "model",
                 "training": "local training", "sampling": "client sampling",
-                "privacy": "privacy",
+                "privacy": "privacy", "system": "clients as they are",
                 "distribution_shift": "distribution shift", "evaluation": "evaluation",
                 "execution": "execution"}
 
@@ -237,6 +272,7 @@ class RunConfig:
     training: TrainingSettings = dataclasses.field(default_factory=TrainingSettings)
     sampling: SamplingSettings = dataclasses.field(default_factory=SamplingSettings)
     privacy: PrivacySettings = dataclasses.field(default_factory=PrivacySettings)
+    system: SystemSettings = dataclasses.field(default_factory=SystemSettings)
     distribution_shift: ShiftSettings = dataclasses.field(default_factory=ShiftSettings)
     evaluation: EvaluationSettings = dataclasses.field(default_factory=EvaluationSettings)
     execution: ExecutionSettings = dataclasses.field(default_factory=ExecutionSettings)
@@ -393,6 +429,7 @@ def _validate(c: RunConfig) -> None:
         raise ConfigError(f"low_rank=on needs precision=float32 (the factored paths compute "
                           f"in float32), got precision={c.precision}")
     _check_privacy(c)
+    _check_system(c)
     check = getattr(c.params, "check", None)
     if check is not None:  # an algorithm's checks across settings (clients may be None)
         check(c)
@@ -434,6 +471,36 @@ def _check_privacy(c: RunConfig) -> None:
     if c.client_sampling == "round_robin_first":
         raise ConfigError("client-level DP accounts for random or poisson client sampling; "
                           "--client-sampling round_robin_first is neither")
+
+
+def _check_system(c: RunConfig) -> None:
+    """The clients-as-they-are settings together (`mcfl.system`): each one parsed, and which
+    go with which."""
+    system = system_model(c)
+    asynchronous = registry.get(c.algorithm).asynchronous
+    if system is None:
+        return
+    if c.device_trace is not None and (c.device_speeds is not None or c.bandwidth is not None
+                                       or c.latency > 0):
+        raise ConfigError("--device-trace gives every client's speed, bandwidth and latency; "
+                          "drop --device-speeds / --bandwidth / --latency, or the trace")
+    if c.device_trace is not None and c.clients is not None:  # read now: exit 2, not later
+        from mcfl.system.trace import read_trace
+        read_trace(c.device_trace, c.clients, system.availability.period
+                   if system.availability.kind == "trace" else None)
+    if system.availability.kind == "trace" and c.device_trace is None:
+        raise ConfigError(f"--availability {c.availability} reads the online intervals of "
+                          f"--device-trace FILE, which is not given")
+    if system.samples_itself and c.client_sampling != "random":
+        raise ConfigError(f"--client-sampling {c.client_sampling} chooses the round's clients "
+                          f"itself; --availability / --over-select choose them among the "
+                          f"online ones: use --client-sampling random with them")
+    if system.samples_itself and c.dp_clip is not None:
+        raise ConfigError("client-level DP accounts for clients sampled uniformly; "
+                          "--availability / --over-select sample otherwise")
+    if asynchronous and (c.deadline is not None or c.over_select > 0):
+        raise ConfigError(f"--algorithm {c.algorithm} is asynchronous: its server never "
+                          f"waits for a round, so --deadline / --over-select do not apply")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import jax
+
 
 # Importing a module registers its algorithms; this order is the order of the CLI's choices
 # and of the README's table.
@@ -39,6 +41,7 @@ from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import flhc as _flhc  # noqa: F401
 from mcfl.algorithms import pacfl as _pacfl  # noqa: F401
 from mcfl.algorithms import fedgroup as _fedgroup  # noqa: F401
+from mcfl.algorithms import asynchronous as _asynchronous  # noqa: F401
 from mcfl import settings
 from mcfl.algorithms.base import (
     ClientModels,
@@ -53,6 +56,8 @@ from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.algorithms.poisson import with_poisson_sampling
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
+from mcfl.system.devices import model_megabytes, system_model
+from mcfl.system.synchronous import with_system
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec
@@ -117,9 +122,11 @@ def hyperparams(config: RunConfig, model: ModelSpec,
     fields = settings.fields_of(type(config.params))
     own = {fields[k].name: v for k, v in values.items() if k in fields}
     params = dataclasses.replace(config.params, **own) if own else config.params
+    dropout = values.get("client_dropout", config.client_dropout)
     return Hyperparams(local_training(config, model, values), params,
                        values.get("shift_prob", config.shift_prob),
-                       None if privacy is None else privacy.settings(values))
+                       None if privacy is None else privacy.settings(values),
+                       0.0 if dropout is None else dropout)
 
 
 def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
@@ -127,7 +134,7 @@ def context_of(config: RunConfig, model: ModelSpec, clients_per_round: int,
     """What every algorithm is built from, as the config says; `block_size`: the plan's
     (`mcfl.runs.execution.RunPlan.train_block`)."""
     return AlgorithmContext(model, clients_per_round, config.clusters if config.clustered else 1,
-                            config.client_store_dtype, block_size)
+                            config.client_store_dtype, block_size, system_model(config))
 
 
 def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
@@ -135,11 +142,19 @@ def build_algorithm(config: RunConfig, model: ModelSpec, clients_per_round: int,
     """The config's algorithm, trained on data that shifts if the config asks for it, on the
     clients its schedule names. Built once; its hyperparameters come with each call
     (`hyperparams`)."""
-    algorithm = get(config.algorithm).build(context_of(config, model, clients_per_round,
-                                                       block_size))
+    spec = get(config.algorithm)
+    context = context_of(config, model, clients_per_round, block_size)
+    algorithm = spec.build(context)
+    if spec.asynchronous:  # its server steps come from the clock (mcfl.system.events)
+        return algorithm
     if config.bn == "local":
         algorithm = with_local_norm(algorithm, model.collections, config.algorithm)
     shifted = with_shift(algorithm, config.shift, config.shift_interval)
     if config.client_sampling == "poisson":
-        return with_poisson_sampling(shifted, config.clients_per_round)
-    return with_schedule(shifted, config.client_sampling, clients_per_round)
+        sampled = with_poisson_sampling(shifted, config.clients_per_round)
+    else:
+        sampled = with_schedule(shifted, config.client_sampling, clients_per_round)
+    if context.system is None:
+        return sampled
+    return with_system(sampled, context.system, config.clients_per_round,
+                       model_megabytes(jax.eval_shape(model.init, jax.random.key(0))))

@@ -61,6 +61,9 @@ class Hyperparams(flax.struct.PyTreeNode):
     # the message transform's traced settings (`mcfl.privacy.mechanism.DPSettings`: a
     # sweep's dp_clip, dp_noise), None without DP
     privacy: Any = None
+    # the chance a sampled client fails before reporting (`mcfl.system.clock`; read only
+    # when the run's system model has dropouts)
+    client_dropout: Any = 0.0
 
 
 class Exchange(flax.struct.PyTreeNode):
@@ -77,7 +80,11 @@ class Exchange(flax.struct.PyTreeNode):
       trained ones returned; `norm_trained` says whether a round's training did that;
     * `key`: the key of the transform's server part (noise), split at each use;
     * `present` [S]: 1.0 for the participants that report, 0.0 for the slots that fill a
-      Poisson-sampled round up to its fixed size (`mcfl.privacy.sampling`); None: all report.
+      Poisson-sampled round up to its fixed size (`mcfl.privacy.sampling`), or for those that
+      drop out, miss the deadline or are not among the first to finish (`mcfl.system`);
+      None: all report;
+    * `step_limit` [S] int32: the local steps each participant finishes before the deadline
+      (`mcfl.system.clock`); None: all of them.
     """
 
     clients: jax.Array
@@ -86,6 +93,7 @@ class Exchange(flax.struct.PyTreeNode):
     norm_layers: Any = None
     key: Any = None
     present: Any = None
+    step_limit: Any = None
     transform: MessageTransform = flax.struct.field(pytree_node=False, default=IDENTITY)
     norm_trained: bool = flax.struct.field(pytree_node=False, default=False)
 

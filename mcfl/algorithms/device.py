@@ -109,7 +109,10 @@ def on_device(algorithm: FederatedAlgorithm,
                                                        exchange)
         all_rows = state.rows
         if has_rows:
-            new = kept_rows(stored, to_storage(exchange.rows, client_state.dtype), present)
+            # the participants that reported, as the round leaves it (a Poisson round's
+            # slots, the clients that dropped out: `mcfl.system`)
+            new = kept_rows(stored, to_storage(exchange.rows, client_state.dtype),
+                            exchange.present)
             all_rows = jax.tree.map(lambda everyone, r: everyone.at[clients].set(r),
                                     state.rows, new)
         return DeviceState(new_state, all_rows, exchange.transform_state), metrics

@@ -302,10 +302,11 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False) -> FederatedAlgo
         joined, pretrained, taken, losses = join(state, data, cold_key, clients, newcomer, hp,
                                                  exchange)
         group = jnp.where(newcomer, joined, current)
-        weights = data.train_counts[clients]
+        counts = data.train_counts[clients]
+        weights = exchange.weigh(counts)  # 0 for a client that does not report
         goes_on = pretrained is not None
         start_models, selection = round_start(state.models, pretrained, clients, group,
-                                              newcomer, taken, weights, hp.training)
+                                              newcomer, taken, counts, hp.training)
         sums, weight_sums, _, stats, exchange = train_and_aggregate(
             hp.training, data, train_key, start_models, selection, weights, group, num_groups,
             exchange=exchange, block_size=block_size)
@@ -314,6 +315,10 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False) -> FederatedAlgo
         # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.
         models = inter_group_aggregation(segment_mean(sums, weight_sums, state.models),
                                          hp.params.eta_g)
+        # a client that did not report (dropped out, `mcfl.system`) joins nothing this round
+        reported = exchange.reporting() > 0
+        group = jnp.where(reported, group, current)
+        newcomer = newcomer & reported
         assignment, sizes = reassign(state.assignment, state.sizes, clients, group)
         joined_labels = state.joined_labels.at[jnp.where(newcomer, clients, data.num_clients)].set(
             label_counts(data)[clients], mode="drop")

@@ -111,12 +111,15 @@ def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> Federat
         sums, weight_sums, losses, exchange = gradients_and_aggregate(
             model.apply, data, stack(state.params), RoundClients(clients, zeros), weights,
             zeros, 1, chunk, context.block_size, exchange)
-        grad = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
+        grad = jax.tree.map(lambda s: s[0] / jnp.maximum(weight_sums[0], 1e-30), sums)
         updates, opt_state = server_optimizer(hp).update(grad, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        heard = weight_sums[0] > 0  # nobody reported (all dropped out): no step at all
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(heard, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
         w = weights.astype(jnp.float32)
         metrics = {
-            "train_loss": jnp.sum(w * losses) / jnp.sum(w),
+            "train_loss": jnp.sum(w * losses) / jnp.maximum(jnp.sum(w), 1e-30),
             # Clients send gradients and keep no model of their own: Eq. 3's w_i is w_t.
             "discrepancy": jnp.zeros(()),
             "local_steps": jnp.ones(()),

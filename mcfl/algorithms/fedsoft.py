@@ -191,7 +191,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["weight_max_mean"] = jnp.mean(jnp.max(weights, axis=1))
         metrics["num_clusters"] = cluster_count(
             jnp.zeros((num_centers,), jnp.int32).at[cluster_of].add(1))
-        new_shared = shared.replace(centers=centers, trained=shared.trained.at[clients].set(True),
+        new_shared = shared.replace(centers=centers, trained=shared.trained.at[clients].max(
+                                        exchange.reporting() > 0),
                                     round=shared.round + 1)
         return new_shared, metrics, exchange.replace(rows=trained)
 

@@ -37,6 +37,9 @@ class AlgorithmContext(NamedTuple):
     num_clusters: int = 1
     store_dtype: str = "float32"  # the dtype per-client rows are stored in (mcfl.store)
     block_size: Optional[int] = None  # clients per vmapped block (mcfl.runs.execution)
+    # the clients' devices (mcfl.system.devices.SystemModel) for an asynchronous algorithm,
+    # whose server steps come from the simulated clock; None: the run sets none
+    system: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,8 @@ class AlgorithmSpec(NamedTuple):
     summary: str  # what a round does, one line (README table, --help)
     reference: str  # the paper it implements
     clustered: bool  # whether it uses K = --clusters
+    # whether its server steps on the simulated clock as clients arrive (mcfl.system.events)
+    asynchronous: bool = False
 
     def build(self, context: AlgorithmContext):
         """The algorithm, built once for `context`; its functions take `hp`."""
@@ -79,14 +84,14 @@ def as_pytree(cls: type) -> type:
 
 
 def register(name: str, params: type = NoParams, *, summary: str, reference: str,
-             clustered: bool = False):
+             clustered: bool = False, asynchronous: bool = False):
     """Decorator registering `factory(context)` as algorithm `name`, with its hyperparameters
     `params` (a frozen dataclass of `settings.setting` fields)."""
     def decorate(factory):
         if name in REGISTRY:
             raise ValueError(f"algorithm {name!r} registered twice")
         REGISTRY[name] = AlgorithmSpec(name, as_pytree(params), factory, summary, reference,
-                                       clustered)
+                                       clustered, asynchronous)
         return factory
 
     return decorate

@@ -204,14 +204,26 @@ def weighted_mean_of(messages: PyTree, weights: jax.Array, exchange: Exchange,
     weights = exchange.weigh(weights)
     if exchange.transform.server is None:
         share = weights / jnp.maximum(jnp.sum(weights), 1e-30)
-        return jax.tree.map(lambda x: jnp.tensordot(share, x.astype(jnp.float32), axes=1)
-                            .astype(x.dtype), messages), exchange
+        return _or_reference(jax.tree.map(
+            lambda x: jnp.tensordot(share, x.astype(jnp.float32), axes=1).astype(x.dtype),
+            messages), jnp.sum(weights), reference), exchange
     sums = jax.tree.map(lambda x: jnp.tensordot(weights, x.astype(jnp.float32), axes=1)[None],
                         messages)
     sums, totals, exchange = server_part(exchange, sums, jnp.sum(weights)[None],
                                          _one_segment(reference))
-    return jax.tree.map(lambda s, x: (s[0] / jnp.maximum(totals[0], 1e-30)).astype(x.dtype),
-                        sums, messages), exchange
+    return _or_reference(jax.tree.map(
+        lambda s, x: (s[0] / jnp.maximum(totals[0], 1e-30)).astype(x.dtype), sums, messages),
+        jnp.sum(weights), reference), exchange
+
+
+def _or_reference(mean: PyTree, total: jax.Array, reference) -> PyTree:
+    """The mean, or the `reference` model when no client reported (total weight 0: everyone
+    dropped out, `mcfl.system`), so that a model that hears from nobody keeps its value;
+    as it is when the messages are updates (their mean is then 0) or there is no reference."""
+    if reference is None or reference is UPDATES:
+        return mean
+    return jax.tree.map(lambda m, r: jnp.where(total > 0, m, r.astype(m.dtype)), mean,
+                        reference)
 
 
 def plain_mean_of(messages: PyTree, exchange: Exchange, reference=None):

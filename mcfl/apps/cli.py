@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_compare = sub.add_parser("compare", help="table and accuracy-vs-communication plot of runs")
     p_compare.add_argument("--runs", nargs="+", required=True, metavar="DIR")
+    p_compare.add_argument("--x", default="comm", choices=("comm", "sim_time", "round"),
+                           help="the plot's horizontal axis: parameters communicated, "
+                           "simulated seconds (runs with clients as they are) or rounds")
     p_compare.add_argument("--out", default="compare.png", metavar="PNG")
     p_compare.set_defaults(func=cmd_compare)
 

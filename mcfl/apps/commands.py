@@ -339,8 +339,9 @@ def cmd_models(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    print(compare([Path(r) for r in args.runs], check_figure_path(Path(args.out))))
-    print(f"accuracy against communication: {args.out}")
+    print(compare([Path(r) for r in args.runs], check_figure_path(Path(args.out)), args.x))
+    against = {"comm": "communication", "sim_time": "simulated time", "round": "rounds"}
+    print(f"accuracy against {against[args.x]}: {args.out}")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""`mcfl compare --runs DIR...`: accuracy against cumulative communication (FlexCFL Fig. 6) and
-a table of the runs, read back from their output folders. A sweep's folder (`mcfl sweep`)
-counts as one entry per grid point: its mean over seeds, with the standard deviation."""
+"""`mcfl compare --runs DIR...`: accuracy against cumulative communication (FlexCFL Fig. 6), or
+against the simulated clock (``--x sim_time``: runs with clients as they are, `mcfl.system`) or
+the round (``--x round``), and a table of the runs, read back from their output folders. A
+sweep's folder (`mcfl sweep`) counts as one entry per grid point: its mean over seeds, with the
+standard deviation."""
 
 from __future__ import annotations
 
@@ -34,8 +36,15 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
         return [_numbers(row) for row in csv.DictReader(f)]
 
 
+# --x: what the plot's horizontal axis shows, and its label
+X_AXES = {"comm": ("comm_params_total", "parameters communicated (down + up, cumulative)"),
+          "sim_time": ("sim_time", "simulated seconds (cumulative)"),
+          "round": ("round", "round")}
+
+
 def load_sweep(folder: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, float]]]]:
-    """A sweep folder's grid points as (summary, mean rounds) entries, like runs."""
+    """A sweep folder's grid points as (summary, mean rounds) entries, like runs: each
+    round's accuracy, parameters sent and simulated time (where kept) averaged over seeds."""
     try:
         spec = json.loads((folder / "sweep.json").read_text())
     except json.JSONDecodeError as e:
@@ -48,13 +57,13 @@ def load_sweep(folder: Path) -> dict[str, tuple[dict[str, Any], list[dict[str, f
         label = f"{folder.name}: " + (", ".join(f"{n}={_shown(v)}" for n, v in zip(names, point))
                                       or "all") + f" (n={int(row.get('completed', 0))}" + (
             f", {int(row['pending'])} not run)" if row.get("pending") else ")")
-        curve: dict[float, list[tuple[float, float]]] = {}
+        curve: dict[float, list[dict[str, float]]] = {}
         for r in rounds:
             if [r.get(n) for n in names] == point and "accuracy_micro" in r:
-                curve.setdefault(r["round"], []).append((r["comm_params_total"],
-                                                         r["accuracy_micro"]))
-        mean_rounds = [{"round": x, "comm_params_total": sum(c for c, _ in v) / len(v),
-                        "accuracy_micro": sum(a for _, a in v) / len(v)}
+                curve.setdefault(r["round"], []).append(r)
+        averaged = ("comm_params_total", "accuracy_micro", "sim_time")
+        mean_rounds = [{"round": x, **{k: sum(r[k] for r in v) / len(v) for k in averaged
+                                       if all(k in r for r in v)}}
                        for x, v in sorted(curve.items())]
         entry = {"config": {"algorithm": row.get("algorithm", spec["config"]["algorithm"])},
                  "rounds_completed": int(mean_rounds[-1]["round"]) if mean_rounds else 0,
@@ -91,8 +100,10 @@ def _best(summary: dict[str, Any]):
 
 def format_table(runs: dict[str, tuple[dict, list]]) -> str:
     width = max([32, *map(len, runs)])  # whole labels: two runs may differ only in their path
+    clock = any(s.get("sim_time") is not None for s, _ in runs.values())
     head = (f"{'run':<{width}} {'rounds':>6} {'acc micro':>9} {'std':>6} {'best':>6} "
-            f"{'acc macro':>9} {'ARI':>5} {'params sent':>12} {'s/round':>8}")
+            f"{'acc macro':>9} {'ARI':>5} {'params sent':>12} {'s/round':>8}"
+            + (f" {'sim s':>10}" if clock else ""))
     lines = [head, "-" * len(head)]
     for label, (s, _) in runs.items():
         lines.append(
@@ -104,32 +115,47 @@ def format_table(runs: dict[str, tuple[dict, list]]) -> str:
             f"{_number(s.get('cluster_ari'), '.2f'):>5} "
             f"{_number(s.get('comm_params_total'), '.3g'):>12} "
             f"{_number(s.get('seconds_per_round'), '.3f'):>8}"
+            + (f" {_number(s.get('sim_time'), '.4g'):>10}" if clock else "")
         )
     return "\n".join(lines)
 
 
-def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Path) -> Path:
+def plot_accuracy_vs_communication(runs: dict[str, tuple[dict, list]], path: Path,
+                                   x: str = "comm") -> Path:
+    """Each run's accuracy against `x` (`X_AXES`); a run without that column (`sim_time`
+    of a run without a clock) is left out of the plot and named in a `DataError` when no run
+    has it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    column, label_x = X_AXES[x]
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    plotted = 0
     for label, (_, rounds) in runs.items():
-        points = [(r["comm_params_total"], r["accuracy_micro"]) for r in rounds
-                  if "accuracy_micro" in r and "comm_params_total" in r]
+        points = [(r[column], r["accuracy_micro"]) for r in rounds
+                  if "accuracy_micro" in r and column in r]
         if points:
             ax.plot(*zip(*points), marker=".", label=label)
-    ax.set(xlabel="parameters communicated (down + up, cumulative)",
-           ylabel="test accuracy (micro)", title="accuracy against communication")
-    ax.set_xscale("symlog")
+            plotted += 1
+    if not plotted and runs:
+        plt.close(fig)
+        raise DataError(f"--x {x}: none of the runs has a {column} column ("
+                        + ("only runs with clients as they are, e.g. --device-speeds, keep one"
+                           if x == "sim_time" else "no evaluated rounds") + ")")
+    title = "accuracy against " + {"comm": "communication", "sim_time": "simulated time",
+                                   "round": "rounds"}[x]
+    ax.set(xlabel=label_x, ylabel="test accuracy (micro)", title=title)
+    ax.set_xscale("symlog" if x == "comm" else "linear")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
-def compare(folders: list[Path], out: Path) -> str:
-    """Load the runs, plot them to `out`, and return the table."""
+def compare(folders: list[Path], out: Path, x: str = "comm") -> str:
+    """Load the runs, plot their accuracy against `x` (`X_AXES`) to `out`, and return the
+    table."""
     runs = {}
     for folder in folders:
         if (folder / "sweep.json").is_file():
@@ -143,5 +169,5 @@ def compare(folders: list[Path], out: Path) -> str:
             label = f"{folder} ({summary['config']['algorithm']})"
             label = label if label not in runs else f"{label} #{len(runs) + 1}"
         runs[label] = (summary, rounds)
-    plot_accuracy_vs_communication(runs, out)
+    plot_accuracy_vs_communication(runs, out, x)
     return format_table(runs)

@@ -90,6 +90,11 @@ def _training_inputs(training, data, selection, weights, segments, prox_scale, e
     steps = client_num_steps(data.train_counts[selection.clients], training)
     if selection.steps is not None:  # never above the training's count (the factored
         steps = jnp.minimum(selection.steps, steps)  # paths' capacity follows from it)
+    if exchange is not None and getattr(exchange, "step_limit", None) is not None:
+        # the steps each participant finished on the simulated clock (`mcfl.system.clock`)
+        position, is_participant = _own_positions(exchange, selection.clients)
+        steps = jnp.where(is_participant,
+                          jnp.minimum(steps, exchange.step_limit[position]), steps)
     weights = weights.astype(jnp.float32)
     if selection.active is not None:
         steps = jnp.where(selection.active, steps, 0)
@@ -335,7 +340,8 @@ def train_and_collect(
 
     block_size = block_size_for(start_models, size, block_size)
     models, _, (stats, own) = map_clients(block_fn, inputs, inputs["steps"], block_size)
-    return models, _reported(stats, exchange), _returned_norm_layers(exchange, inputs, own)
+    return models, _reported(stats, exchange, inputs["client"]), \
+        _returned_norm_layers(exchange, inputs, own)
 
 
 def train_and_aggregate(
@@ -379,15 +385,20 @@ def train_and_aggregate(
     )
     exchange = _returned_norm_layers(exchange, inputs, own)
     sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, reference)
-    return sums, weight_sums, segment, _reported(stats, exchange), exchange
+    stats = _reported(stats, exchange, inputs["client"])
+    return sums, weight_sums, segment, stats, exchange
 
 
-def _reported(stats: ClientStats, exchange) -> ClientStats:
-    """The stats with which clients report (a Poisson round's `Exchange.present`), so that
-    a round's metrics are over those (`mcfl.algorithms.base.training_metrics`)."""
+def _reported(stats: ClientStats, exchange, clients: jax.Array) -> ClientStats:
+    """The stats with which clients report (`Exchange.present`: a Poisson round's empty
+    slots, the clients that dropped out), so that a round's metrics are over those
+    (`mcfl.algorithms.base.training_metrics`). `clients` [n] are the ones trained: the
+    round's participants, or others an algorithm asks itself (FL+HC's clustering round asks
+    everyone), who report."""
     if exchange is None or exchange.present is None:
         return stats
-    return stats._replace(reported=exchange.present)
+    position, is_participant = _own_positions(exchange, clients)
+    return stats._replace(reported=jnp.where(is_participant, exchange.present[position], 1.0))
 
 
 def server_part(exchange, sums: PyTree, weight_sums: jax.Array, reference=None):

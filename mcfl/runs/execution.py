@@ -27,6 +27,7 @@ from mcfl.privacy.plan import privacy_plan
 from mcfl.privacy.sampling import poisson_capacity
 from mcfl.runtime import distributed
 from mcfl.runtime.memory import out_of_memory
+from mcfl.system.devices import system_model
 
 
 class RunPlan(NamedTuple):
@@ -78,6 +79,9 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     privacy = privacy_plan(config, dataset.num_clients, per_round)
     if config.client_sampling == "poisson":  # the round's fixed slots (mcfl.privacy.sampling)
         per_round = poisson_capacity(dataset.num_clients, per_round)
+    system = system_model(config)
+    if system is not None and system.samples_itself:  # over-selection's extra clients
+        per_round = min(system.slots(per_round), dataset.num_clients)
     # Whether rounds will train on the factored path (a shift's view makes every round dense).
     low_rank = config.shift == "none" and engine.low_rank_capacity(
         local_training(config, model), dataset.arrays,

@@ -58,6 +58,8 @@ def outcome(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out[PAPER_SCORE] = paper_score(evaluated)
     out["final_train_loss"] = rows[-1]["train_loss"] if rows else None
     out["comm_params_total"] = rows[-1]["comm_params_total"] if rows else 0
+    if rows and "sim_time" in rows[-1]:  # the simulated clock's seconds (mcfl.system)
+        out["sim_time"] = rows[-1]["sim_time"]
     return out
 
 

@@ -60,6 +60,7 @@ from mcfl.store.choose import StoreChoice, choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.start import streamed_start
 from mcfl.store.stores import make_store
+from mcfl.system.devices import system_model
 from mcfl.transforms import initial_state
 
 
@@ -74,6 +75,11 @@ class StoredProgram(RoundProgram):
             raise ConfigError(f"--client-sampling poisson runs with the clients' rows on the "
                               f"device; this run keeps them in a {kind} store: give "
                               f"--client-store device, or fewer clients")
+        if system_model(config) is not None:
+            raise ConfigError(f"clients as they are (--device-speeds, --client-dropout, ...) "
+                              f"run with the clients' rows on the device; this run keeps them "
+                              f"in a {kind} store: give --client-store device, or fewer "
+                              f"clients")
         super().__init__(config.replace(scan_rounds=False), plan, traced, members, mesh, width,
                          jit_options, *(() if transform is None else (transform,)))
         self.kind, self.folder = kind, folder

@@ -23,8 +23,9 @@ from mcfl.errors import ConfigError
 
 # Varied by `seeds=` / `data_seeds=`, not by the grid.
 SEED_KEYS = ("seed", "data_seed")
-# Optional floats traced when a config gives them (DP's numbers, `mcfl.privacy.mechanism`).
-TRACED_WHEN_GIVEN = ("dp_clip", "dp_noise")
+# Optional floats traced when a config gives them (DP's numbers, `mcfl.privacy.mechanism`;
+# the dropout chance, `mcfl.system.clock`): None turns the feature off, which shapes the program.
+TRACED_WHEN_GIVEN = ("dp_clip", "dp_noise", "client_dropout")
 # The most seeds a sweep takes (a range such as 0-99999999999 would fill the memory).
 MAX_SEEDS = 1_000_000
 
