@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import FederatedAlgorithm, shared_models, stack
+from mcfl.algorithms.clustered import cluster_count, cluster_sizes
 from mcfl.algorithms.ifca import losses_of_models
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import Start, aggregate
@@ -207,6 +208,8 @@ def asynchronous(context: AlgorithmContext, arrivals_per_step, server_update,
                    "clients_dropped": jnp.sum(~flight.alive).astype(jnp.float32),
                    "models_down": jnp.float32(slots.shape[0] * num_clusters),
                    "models_up": count}
+        if clustered:
+            metrics["num_clusters"] = cluster_count(cluster_sizes(assignment, num_clusters))
         state = AsyncState(models, ring, assignment,
                            clock.replace(time=now, version=version, in_flight=in_flight))
         return state, metrics, exchange

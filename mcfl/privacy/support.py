@@ -75,6 +75,12 @@ REFUSED: dict[str, str] = {
     "fedsoft": "its server averages the clients' own models (not updates from a model it sent), "
                "which no clipping of an update bounds",
     "fedrc": "its server sums the clients' label statistics (the label prior) without noise",
+    "fedbuff": "it is asynchronous: clients join as others finish, which the accountant's "
+               "rounds of sampled clients do not describe",
+    "fedasync": "it is asynchronous: each arriving model is mixed in alone, which the "
+                "accountant's rounds of sampled clients do not describe",
+    "ifca_async": "it is asynchronous: clients join as others finish, which the accountant's "
+                  "rounds of sampled clients do not describe",
 }
 
 
