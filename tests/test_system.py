@@ -434,3 +434,25 @@ def test_a_trace_gives_each_client_its_device(tmp_path):
         for i in range(6)]}))
     result = mcfl.run(TINY.replace(clients=6, device_trace=str(trace)))
     assert [r["round_seconds"] for r in result.rounds] == pytest.approx([2.0] * 3)
+
+
+def test_fednova_normalises_by_the_steps_each_client_took(data):
+    """Under a deadline a client takes fewer steps (`Exchange.step_limit`): FedNova's
+    ||a_i||_1 (plain SGD: the step count) and tau_eff = sum_i p_i a_i follow the steps taken,
+    with p_i over the clients that report: limits 1, 2, 0, 2, ... of 2 local steps, the third
+    client dropped."""
+    from mcfl.algorithms import Exchange
+
+    small = build_small("fednova")
+    arrays = data.arrays
+    clients = jnp.arange(8, dtype=jnp.int32)
+    limit = jnp.array([1, 2, 0, 2, 1, 2, 2, 1], jnp.int32)
+    present = (limit > 0).astype(jnp.float32)
+    state = jax.jit(small.algorithm.init)(arrays, jax.random.key(0), small.hp)
+    _, metrics, _ = small.algorithm.round(state, arrays, jax.random.key(1), small.hp,
+                                          Exchange(clients, present=present, step_limit=limit))
+    counts = np.asarray(arrays.train_counts[:8], np.float64) * np.asarray(present)
+    expected = float(np.sum(counts / counts.sum() * np.minimum(2, np.asarray(limit))))
+    assert float(metrics["tau_eff"]) == pytest.approx(expected, rel=1e-5)
+    assert float(metrics["local_steps"]) == pytest.approx(
+        float(np.asarray(limit)[np.asarray(limit) > 0].mean()), rel=1e-5)

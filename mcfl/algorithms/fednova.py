@@ -23,10 +23,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.base import FederatedAlgorithm, sampled
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.algorithms.skeleton import global_model, global_start, skeleton_algorithm
+from mcfl.algorithms.skeleton import aggregate, global_model, global_start
 from mcfl.engine import LocalTraining, client_num_steps
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
@@ -78,22 +78,27 @@ def fednova(context: AlgorithmContext) -> FederatedAlgorithm:
         del data, hp
         return GlobalModelState(context.model.init(key))
 
-    def normalised(data, clients, hp):
+    def normalised(data, clients, hp, exchange):
         """The clients' training (mu 0 pulls with weight 0: the same steps, and mu stays a
-        traced number a sweep can vary), their shares p_i and their ||a_i||_1."""
+        traced number a sweep can vary), their shares p_i among the clients that report and
+        their ||a_i||_1 from the steps each takes (fewer when a deadline cuts its work:
+        `Exchange.step_limit`, `mcfl.system`)."""
         training = hp.training.replace(mu=hp.params.mu)
-        samples = data.train_counts[clients]
-        p = samples.astype(jnp.float32) / jnp.maximum(jnp.sum(samples), 1).astype(jnp.float32)
-        return training, p, gradient_weight(client_num_steps(samples, training), training)
+        samples = data.train_counts[clients].astype(jnp.float32) * exchange.reporting()
+        p = samples / jnp.maximum(jnp.sum(samples), 1.0)
+        steps = client_num_steps(data.train_counts[clients], training)
+        if exchange.step_limit is not None:
+            steps = jnp.minimum(steps, exchange.step_limit)
+        return training, p, gradient_weight(steps, training)
 
-    def start(state, data, clients, hp):
-        training, p, a = normalised(data, clients, hp)
+    def start(state, data, clients, hp, exchange):
+        training, p, a = normalised(data, clients, hp, exchange)
         # A client without steps (none of its rows trained) moves nothing: weight 0.
         w = jnp.where(a > 0, p / jnp.maximum(a, 1e-30), 0.0)
         return global_start(state.params, clients, w, training)
 
-    def server(state, summed, data, hp):
-        _, p, a = normalised(data, summed.clients, hp)
+    def server(state, summed, data, hp, exchange):
+        _, p, a = normalised(data, summed.clients, hp, exchange)
         tau_eff = jnp.sum(p * a)
         params = jax.tree.map(lambda x, s: x - tau_eff * (summed.weight_sums[0] * x - s[0]),
                               state.params, summed.sums)
@@ -101,4 +106,14 @@ def fednova(context: AlgorithmContext) -> FederatedAlgorithm:
         metrics["tau_eff"] = tau_eff
         return GlobalModelState(params), metrics
 
-    return skeleton_algorithm(context, init, start, server, global_model())
+    def round_(state, data, key, hp, exchange):
+        """The skeleton's round (`skeleton.round_of`), with the exchange given to the start
+        and server stages: the steps each client takes set its normalisation."""
+        begun = start(state, data, exchange.clients, hp, exchange)
+        summed, exchange = aggregate(context, begun, data, jax.random.split(key)[1], hp,
+                                     exchange)
+        state, metrics = server(state, summed, data, hp, exchange)
+        return state, metrics, exchange
+
+    return FederatedAlgorithm(init, sampled(context.clients_per_round), round_,
+                              global_model())

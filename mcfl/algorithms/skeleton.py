@@ -12,11 +12,12 @@
     (f) the server's step       the algorithm's `server`
 
 An algorithm that fits supplies only `init`, `start` and `server` (and how its clients are
-evaluated): `skeleton_algorithm`. FedAvg and FedProx, FedDist and FedDWS, Per-FedAvg, FedNova,
+evaluated): `skeleton_algorithm`. FedAvg and FedProx, FedDist and FedDWS, Per-FedAvg,
 IFCA, FeSEM and FeSEM-MA, and the rounds of FL+HC and PACFL are written so. An algorithm whose
 round does not fit one pass (two trainings: Ditto, FedRep, FedDANE; collected messages that the
 server needs all at once: CFL, Robust; gradients instead of training: FedSGD; per-client rows
-aggregated by hand) writes its own `round` from the same pieces: the stages (c)-(e) are
+aggregated by hand; stages that read the exchange: FedNova's normalisation by the steps each
+client takes) writes its own `round` from the same pieces: the stages (c)-(e) are
 `aggregate` (or `mcfl.engine.train_and_collect` and `server_sums` for collected messages), and
 every message still passes through the transform, because the engine applies it wherever an
 `Exchange` is given. Each such module says why it writes its own round.
