@@ -32,6 +32,7 @@ from mcfl.models.build import check_model_name
 from mcfl.privacy import support
 from mcfl.settings import INT64_MAX, Static, setting
 from mcfl.system.devices import DEADLINE_POLICIES, system_model
+from mcfl.system.trace import read_trace
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
@@ -485,7 +486,6 @@ def _check_system(c: RunConfig) -> None:
         raise ConfigError("--device-trace gives every client's speed, bandwidth and latency; "
                           "drop --device-speeds / --bandwidth / --latency, or the trace")
     if c.device_trace is not None and c.clients is not None:  # read now: exit 2, not later
-        from mcfl.system.trace import read_trace
         read_trace(c.device_trace, c.clients, system.availability.period
                    if system.availability.kind == "trace" else None)
     if system.availability.kind == "trace" and c.device_trace is None:

@@ -24,6 +24,7 @@ from conftest import Bound
 import mcfl
 from mcfl.algorithms import get, names
 from mcfl.algorithms.asynchronous import fedasync_update, fedbuff_update
+from mcfl.algorithms.system_rounds import with_system
 from mcfl.errors import ConfigError
 from mcfl.files import faults
 from mcfl.sweeps.spec import expand, group
@@ -40,7 +41,6 @@ from mcfl.system.devices import (
     parse_distribution,
 )
 from mcfl.system.events import InFlight, Ring, arrivals, staleness_weight
-from mcfl.system.synchronous import with_system
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = mcfl.RunConfig(algorithm="fedavg", dataset="synthetic", clients=30, clients_per_round=6,

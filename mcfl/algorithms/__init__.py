@@ -57,7 +57,7 @@ from mcfl.algorithms.poisson import with_poisson_sampling
 from mcfl.algorithms.schedule import with_schedule
 from mcfl.algorithms.shift import with_shift
 from mcfl.system.devices import model_megabytes, system_model
-from mcfl.system.synchronous import with_system
+from mcfl.algorithms.system_rounds import with_system
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
 from mcfl.engine import LocalTraining
 from mcfl.models import ModelSpec

@@ -53,7 +53,7 @@ from mcfl.system.events import (
     replace_slots,
     staleness_weight,
 )
-from mcfl.system.synchronous import SYSTEM_KEY, initial_system
+from mcfl.system.state import SYSTEM_KEY, initial_system
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.errors import ConfigError
+from mcfl.system.trace import read_trace
 
 DISTRIBUTIONS = {  # name -> (parameters, example)
     "constant": (("value",), "constant:2"),
@@ -198,7 +199,6 @@ def draw_profile(system: SystemModel, num_clients: int, key: jax.Array) -> Profi
     speed_key, bandwidth_key, phase_key = jax.random.split(key, 3)
     availability = system.availability
     if system.trace is not None:
-        from mcfl.system.trace import read_trace
         period = availability.period if availability.kind == "trace" else None
         trace = read_trace(system.trace, num_clients, period)
         speed = jnp.asarray(trace.speed, jnp.float32)
