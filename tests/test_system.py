@@ -165,11 +165,21 @@ def data():
     return planted_data()
 
 
-def _under_system(name, dropout):
+def _under_system(name):
+    """`name` under the system model with dropouts, its init and round jitted once with the
+    dropout chance an argument (traced, as a sweep over it traces it): one program serves
+    every chance. Returns (the Bound at a chance, init(p, data, key), round(p, state, data,
+    key, r))."""
     small = build_small(name)
     wrapped = with_system(small.algorithm, SystemModel(dropout=True), SETTINGS["per_round"],
                           0.001)
-    return Bound(wrapped, small.hp.replace(client_dropout=dropout), small.block_size)
+
+    def at(dropout):
+        return Bound(wrapped, small.hp.replace(client_dropout=dropout), small.block_size)
+
+    init = jax.jit(lambda p, data, key: at(p).init(data, key))
+    step = jax.jit(lambda p, state, data, key, r: at(p).round(state, data, key, r))
+    return at, init, step
 
 
 def _models(bound, state, data):
@@ -182,15 +192,16 @@ def test_every_algorithm_keeps_its_models_when_nobody_reports(name, data):
     """Two rounds in which every sampled client drops out (P = 1 - 1e-7): the round runs,
     reports nobody, and every client is evaluated with the model it had before (a cluster, a
     personal model or the global one that hears from nobody keeps it); then two rounds with
-    P = 0.3 run and report some."""
+    P = 0.3 run and report some (the same compiled programs, P traced)."""
     arrays = data.arrays
-    bound = _under_system(name, 1.0 - 1e-7)
+    at, init, step = _under_system(name)
+    nobody = jnp.float32(1.0 - 1e-7)
+    bound = at(nobody)
     init_key, rounds_key = jax.random.split(jax.random.key(0))
-    state0 = jax.jit(bound.init)(arrays, init_key)
-    step = jax.jit(bound.round)
+    state0 = init(nobody, arrays, init_key)
     state = state0
     for r in (1, 2):
-        state, metrics = step(state, arrays, jax.random.fold_in(rounds_key, r), r)
+        state, metrics = step(nobody, state, arrays, jax.random.fold_in(rounds_key, r), r)
         assert float(metrics["clients_reported"]) == 0
         assert float(metrics["clients_dropped"]) == float(metrics["clients_sampled"]) > 0
     if name == "fedsoft":
@@ -202,12 +213,11 @@ def test_every_algorithm_keeps_its_models_when_nobody_reports(name, data):
     else:
         chex.assert_trees_all_close(_models(bound, state, arrays),
                                     _models(bound, state0, arrays), atol=1e-6)
-    some = _under_system(name, 0.3)
-    state = jax.jit(some.init)(arrays, init_key)
+    some = jnp.float32(0.3)
+    state = init(some, arrays, init_key)
     reported = 0.0
     for r in (1, 2):
-        state, metrics = jax.jit(some.round)(state, arrays, jax.random.fold_in(rounds_key, r),
-                                             r)
+        state, metrics = step(some, state, arrays, jax.random.fold_in(rounds_key, r), r)
         assert all(np.isfinite(v) for v in jax.device_get(metrics).values()), metrics
         reported += float(metrics["clients_reported"])
     assert reported > 0
