@@ -72,7 +72,8 @@ def workloads(tiny: bool) -> dict[str, list[Workload]]:
                      {**choices, **{f"block-{b}": {"block_size": b} for b in blocks}}),
             Workload("mlp-all", mlp_all, choices),
         ],
-        "fesem": [Workload("fesem-100", fesem, {"auto": {}, "scan-rounds": {"scan_rounds": True}})],
+        "fesem": [Workload("fesem-100", fesem, {"auto": {}, "scan-rounds-on": {"scan_rounds": "on"},
+                                                "scan-rounds-off": {"scan_rounds": "off"}})],
     }
 
 

@@ -90,7 +90,7 @@ def cases() -> dict:
         out[f"schedule-{algorithm}"] = lambda a=algorithm: ("run", mcfl.run(
             algorithm_config(a, client_sampling="round_robin_first")))
     out["scan-rounds-fesem"] = lambda: ("run", mcfl.run(
-        algorithm_config("fesem", scan_rounds=True, eval_every=3)))
+        algorithm_config("fesem", scan_rounds="on", eval_every=3)))
     out["sweep-fedavg-seeds"] = lambda: ("sweep", mcfl.sweep(
         base_config(algorithm="fedavg"), seeds=3))
     out["sweep-fesem-lr"] = lambda: ("sweep", mcfl.sweep(

@@ -39,6 +39,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
 NORM_STATES = ("global", "local")
 FAST_PATHS = ("auto", "off")
 LOW_RANK = ("auto", "on", "off")
+SCAN_ROUNDS = ("auto", "on", "off")
 CONVS = ("auto", "matmul", "xla")
 PRECISIONS = ("float32", "bfloat16")  # as mcfl.models.precision.PRECISIONS
 CLIENT_STORES = ("auto", "device", "host", "disk")
@@ -203,9 +204,12 @@ class ExecutionSettings:
     """How the computation runs: the same numbers whatever these are (to float rounding;
     `precision` bfloat16 rounds to 8 bits of mantissa)."""
 
-    scan_rounds: bool = setting(False, "run the rounds between evaluations as one lax.scan on "
-                                "the device, with no host round-trip per round (per-round "
-                                "rows arrive at each evaluation)")
+    scan_rounds: str = setting("auto", "run the rounds between evaluations as one lax.scan "
+                               "on the device, with no host round-trip per round (the same "
+                               "rows; they, the progress bar and checkpoints arrive at each "
+                               "evaluation): auto (when a round is small, below about 1e9 "
+                               "FLOPs, and the client state is on the device) | on | off",
+                               choices=SCAN_ROUNDS)
     block_size: Optional[int] = setting(None, "clients per vmapped block (default: from model "
                                         "size and backend)", minimum=1)
     low_rank: str = setting("auto", "train dense layers with factored weight changes "
@@ -515,6 +519,8 @@ def from_dict(values: dict[str, Any]) -> RunConfig:
             f"{', '.join(all_keys())}"
         )
     values = dict(values)
+    if isinstance(values.get("scan_rounds"), bool):  # a run.json or file written before "auto"
+        values["scan_rounds"] = "on" if values["scan_rounds"] else "off"
     if "hidden" in values and isinstance(values["hidden"], str):
         values["hidden"] = settings.parse_int_list(values["hidden"])
     return RunConfig(**values)

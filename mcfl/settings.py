@@ -150,9 +150,10 @@ def check(cls, field: dataclasses.Field, value):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         return value
     if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
         choices = meta.get("choices")
+        if not isinstance(value, str):
+            allowed = f" ({', '.join(map(str, choices))})" if choices else ""
+            raise ConfigError(f"{key} must be a string{allowed}, got {value!r}")
         if choices and value not in choices:
             raise ConfigError(f"unknown {key} {value!r}; allowed: {', '.join(map(str, choices))}")
         return value

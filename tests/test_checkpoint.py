@@ -69,7 +69,7 @@ def test_sigint_stops_at_a_chunk_end_and_resume_equals_an_uninterrupted_run(tmp_
     # the signal at round 3 is honoured when the chunk (rounds 3-4) ends.
     config = mcfl.RunConfig(algorithm="flexcfl", clients=12, rounds=6, clusters=2,
                             pretrain_scale=2, shift="swap_all", shift_prob=0.5,
-                            scan_rounds=True, eval_every=2, embed_clients=4,
+                            scan_rounds="on", eval_every=2, embed_clients=4,
                             clients_per_round=6, seed=3)
     mcfl.run(config, out_dir=tmp_path / "whole")
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite runs in the background

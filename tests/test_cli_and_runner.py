@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import mcfl
@@ -326,7 +327,7 @@ def test_profile_writes_a_trace(tmp_path):
                  "--profile", str(tmp_path / "trace")]) == 0
     assert list((tmp_path / "trace").rglob("*.xplane.pb"))
     # scanned: the second chunk (round 3 of chunks [1-2], [3]) is traced
-    assert main(["run", *SMALL, "--no-cache", "--scan-rounds", "--eval-every", "2",
+    assert main(["run", *SMALL, "--no-cache", "--scan-rounds", "on", "--eval-every", "2",
                  "--out", str(tmp_path / "scanned"), "--profile", str(tmp_path / "trace2")]) == 0
     assert list((tmp_path / "trace2").rglob("*.xplane.pb"))
 
@@ -340,13 +341,44 @@ def test_round_chunks_end_at_each_evaluation():
     assert round_chunks(2, 10, scanned=True) == [(1, 2)]
 
 
+def test_scan_rounds_auto_scans_the_small_rounds_only():
+    """``--scan-rounds auto`` scans a round under 1e9 training FLOPs by 6 x parameters x B x
+    mean steps x clients a round (hand-computed); on / off are obeyed whatever the size."""
+    from types import SimpleNamespace
+
+    from mcfl.runs.execution import SCAN_BELOW_FLOPS, scans_rounds
+
+    assert SCAN_BELOW_FLOPS == 1e9
+    data = SimpleNamespace(train_counts=lambda: np.array([10, 25, 50, 95]))  # steps 1, 3, 5, 10
+    fixed = mcfl.RunConfig(local_steps=5, batch_size=10)
+    assert scans_rounds(fixed, data, 610, 100)  # FeSEM's MCLR: 6 * 610 * 10 * 5 * 100 = 1.8e7
+    assert not scans_rounds(fixed, data, 199_210, 1000)  # the MLP, all of 1,000: 6.0e10
+    assert not scans_rounds(fixed, data, 610, 100_000)  # 1.8e10
+    epochs = mcfl.RunConfig(local_epochs=2, batch_size=10)  # mean steps 2 * 19 / 4 = 9.5
+    assert scans_rounds(epochs, data, 17_000, 100)  # 6 * 17,000 * 10 * 9.5 * 100 = 9.7e8
+    assert not scans_rounds(epochs, data, 18_000, 100)  # 1.03e9
+    assert scans_rounds(fixed.replace(scan_rounds="on"), data, 199_210, 1000)
+    assert not scans_rounds(fixed.replace(scan_rounds="off"), data, 610, 100)
+
+
+def test_a_store_off_the_device_runs_round_by_round_under_auto():
+    """A host store cannot scan (its rows are read and written between rounds): auto falls
+    back to one round a call and says so."""
+    config = mcfl.RunConfig(algorithm="local", clients=8, clients_per_round=4, rounds=4,
+                            eval_every=2, client_store="host", embed_clients=0)
+    run = mcfl.run(config)
+    assert run.summary["client_store"] == "host"
+    assert "one at a time" in run.summary["client_store_reason"]
+    assert [r["round"] for r in run.rounds] == [1, 2, 3, 4]
+
+
 def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path, monkeypatch):
     """IFCA (it records assignments) with --scan-rounds: the same rows, assignments and
     evaluations as round by round; 5 rounds evaluated every 2 are chunks of 2, 2 and 1 rounds,
     so the round is traced twice (one scan per chunk length), not per chunk."""
     common = ["--algorithm", "ifca", "--clusters", "2", *SMALL, "--rounds", "5",
               "--eval-every", "2", "--no-cache"]
-    assert main(["run", *common, "--out", str(tmp_path / "loop")]) == 0
+    assert main(["run", *common, "--scan-rounds", "off", "--out", str(tmp_path / "loop")]) == 0
     build = mcfl.runs.program.build_algorithm
     traces = []
 
@@ -360,7 +392,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
         return algorithm._replace(round=round_)
 
     monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
-    assert main(["run", *common, "--scan-rounds", "--out", str(tmp_path / "scan")]) == 0
+    assert main(["run", *common, "--scan-rounds", "on", "--out", str(tmp_path / "scan")]) == 0
     assert len(traces) == 2
     loop, scan = _csv(tmp_path / "loop" / "rounds.csv"), _csv(tmp_path / "scan" / "rounds.csv")
     assert [r["round"] for r in scan] == ["1", "2", "3", "4", "5"]
@@ -369,7 +401,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
         assert a["accuracy_micro"] == b["accuracy_micro"]  # "" where not evaluated
         assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-5)
     summary = json.loads((tmp_path / "scan" / "summary.json").read_text())
-    assert summary["config"]["scan_rounds"] is True and summary["rounds_completed"] == 5
+    assert summary["config"]["scan_rounds"] == "on" and summary["rounds_completed"] == 5
 
 
 def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys):
@@ -377,7 +409,7 @@ def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeyp
     monkeypatch.setattr(mcfl.runs.program, "build_algorithm",
                         lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3))
     out = tmp_path / "run"
-    assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds",
+    assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds", "on",
                  "--out", str(out)]) == 2
     assert "training diverged in round 3" in capsys.readouterr().err
     assert [int(r["round"]) for r in _csv(out / "rounds.csv")] == [1, 2]

@@ -247,8 +247,8 @@ def test_datasets_without_rows_name_the_dataset_and_what_to_change():
      "holds 100,000,000,000 seeds; at most 1,000,000 are allowed"),
     (["sweep", "--grid", "lr=0.1,0.10"], "--grid lr gives the value 0.1 twice (as '0.1' and "
      "'0.10'); give each value once"),
-    (["sweep", "--grid", "scan-rounds=true,True"], "--grid scan_rounds gives the value True "
-     "twice (as 'true' and 'True')"),
+    (["sweep", "--grid", "dp-clip-per-layer=true,True"], "--grid dp_clip_per_layer gives the "
+     "value True twice (as 'true' and 'True')"),
     (["sweep", "--grid", "hidden=200;0200"], "--grid hidden gives the value (200,) twice"),
     (["sweep", "--grid", "clients=2.5"], "grid clients: '2.5' is not an integer"),
     (["sweep", "--grid", "clients=true"], "grid clients: 'true' is not an integer"),

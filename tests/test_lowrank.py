@@ -179,3 +179,10 @@ def test_block_size_rule_by_backend_and_path():
     assert rule(params, 1000, backend="cpu", low_rank=True) == 50
     assert rule(params, 1000, backend="cpu") == 5  # 2^22 / (4 * params)
     assert rule(params, 3, backend="gpu", low_rank=True) == 3  # never above the round's clients
+    # every client training the same steps: no block wastes one, so up to 128 small models
+    # (MCLR 60 -> 10: 610 parameters) within the same 2^22 bytes; the MLP stays at 5
+    assert rule(610, 100, backend="cpu", uniform_steps=True) == 100
+    assert rule(610, 1000, backend="cpu", uniform_steps=True) == 128
+    assert rule(610, 1000, backend="cpu") == 8
+    assert rule(params, 1000, backend="cpu", uniform_steps=True) == 5
+    assert rule(params, 1000, backend="cpu", low_rank=True, uniform_steps=True) == 50

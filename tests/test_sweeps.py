@@ -133,7 +133,8 @@ def test_seed_lists():
     assert parse_grid("lr=0.01,0.05") == ("lr", (0.01, 0.05))
     assert parse_grid("hidden=200,200;100") == ("hidden", ((200, 200), (100,)))
     assert parse_grid("algorithms=fedavg,fesem") == ("algorithm", ("fedavg", "fesem"))
-    assert parse_grid("scan-rounds=true,false") == ("scan_rounds", (True, False))
+    assert parse_grid("scan-rounds=on,off") == ("scan_rounds", ("on", "off"))
+    assert parse_grid("dp-clip-per-layer=true,false") == ("dp_clip_per_layer", (True, False))
 
 
 def test_tables_and_files(tmp_path, dataset):

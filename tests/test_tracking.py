@@ -47,7 +47,7 @@ def test_numbers_logged_are_a_rows_numbers_and_the_summarys():
                                         "summary/wall_seconds": 2.5}
     params = hyperparameters(CONFIG)
     assert params["hidden"] == "[200, 200]" and params["data_seed"] == "None"
-    assert params["lr"] == 0.01 and params["scan_rounds"] is False
+    assert params["lr"] == 0.01 and params["scan_rounds"] == "auto"
 
 
 def test_tensorboard_event_file_holds_the_rows_config_summary_and_plot(tmp_path, dataset):

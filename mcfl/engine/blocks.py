@@ -232,14 +232,22 @@ def reduce_blocks(
     return sums, weight_sums, _unblock((segments, aux), size)
 
 
+# Clients per CPU block when no block wastes a step (`default_block_size`).
+UNIFORM_STEPS_CPU_CAP = 128
+
+
 def default_block_size(num_params: int, num_clients: int, backend: Optional[str] = None,
-                       low_rank: bool = False) -> int:
+                       low_rank: bool = False, uniform_steps: bool = False) -> int:
     """Clients per vmapped block.
 
     On CPU, small blocks: a block runs as long as its longest client, so with clients sorted by
     step count, small blocks waste the fewest masked steps, and their models stay in cache.
     Measured on 2 CPU cores, FedAvg over all 1,000 Synthetic clients (MCLR): block 1: 0.73 s a
     round, 4: 0.45, 8: 0.40, 16: 0.45, 32: 0.54, 128: 1.49, 1,000: 8.4 (BENCHMARKS.md).
+    With `uniform_steps` (every client of a round trains the same number of steps: a fixed
+    ``local_steps``, or equal ``ceil(n_i / B)``) no block wastes a step, and a block's cost is
+    mostly the per-operation cost of its steps: up to `UNIFORM_STEPS_CPU_CAP` clients, within
+    the same 4 MB of parameters (small models only).
     The low-rank path (`mcfl.engine.lowrank`) keeps no per-client model, only a short history per
     client, and wants blocks big enough that its shared matmuls run at full speed: 50 on CPU.
     On GPU / TPU, large blocks (up to ~256 MB of parameters each) to fill the device; on the
@@ -250,7 +258,10 @@ def default_block_size(num_params: int, num_clients: int, backend: Optional[str]
     """
     backend = backend or jax.default_backend()
     if backend == "cpu":
-        cap, budget = (50, 1 << 26) if low_rank else (8, 1 << 22)  # bytes of params per block
+        if low_rank:
+            cap, budget = 50, 1 << 26  # bytes of params per block
+        else:
+            cap, budget = (UNIFORM_STEPS_CPU_CAP if uniform_steps else 8), 1 << 22
     else:
         cap, budget = 1024, (1 << 30) if low_rank else (1 << 28)
     size = max(1, budget // max(1, 4 * num_params))

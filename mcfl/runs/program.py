@@ -133,7 +133,7 @@ class RoundProgram:
                                                      plan.train_block)
         self.device = device = on_device(algorithm, transform)
         self.clustered = algorithm.assignments is not None
-        self.scanned = scanned = config.scan_rounds
+        self.scanned = scanned = plan.scan_rounds
         self.chunks = round_chunks(config.rounds, config.eval_every, scanned)
         self.compile_seconds = 0.0
         jit_options = jit_options or {}

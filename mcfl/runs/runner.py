@@ -134,7 +134,7 @@ def run(
     `dataset` may be passed to reuse it across runs (it must match the config's clients).
     With `cache_dir`, the prepared dataset is read from / written to that cache. With
     `profile_dir`, a jax.profiler trace of rounds 2-3 (compiled, steady state; round 1 if the
-    run has one round; with ``config.scan_rounds``, the second chunk of rounds) is written there
+    run has one round; with scanned rounds, the second chunk of rounds) is written there
     for TensorBoard or Perfetto.
     """
     if resume is not None:
@@ -360,7 +360,7 @@ def _run(
 
         # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
         last = len(chunks) - 1
-        profiled = range(min(1, last), min(1 if config.scan_rounds else 2, last) + 1)
+        profiled = range(min(1, last), min(1 if program.scanned else 2, last) + 1)
         # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
         # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
         stop_requests = StopRequests() if checkpoints is not None else None

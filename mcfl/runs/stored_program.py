@@ -80,7 +80,8 @@ class StoredProgram(RoundProgram):
                               f"run with the clients' rows on the device; this run keeps them "
                               f"in a {kind} store: give --client-store device, or fewer "
                               f"clients")
-        super().__init__(config.replace(scan_rounds=False), plan, traced, members, mesh, width,
+        super().__init__(config.replace(scan_rounds="off"), plan._replace(scan_rounds=False),
+                         traced, members, mesh, width,
                          jit_options, *(() if transform is None else (transform,)))
         self.kind, self.folder = kind, folder
         self.temporary = False  # the folder is the program's own, removed when it closes
@@ -418,7 +419,7 @@ def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
     temporary = run_dir is None and choice.kind == "disk"
     folder = (Path(tempfile.mkdtemp(prefix="mcfl-store-")) if temporary
               else None if run_dir is None else Path(run_dir) / FOLDER)
-    if config.scan_rounds:
+    if plan.scan_rounds:
         choice = choice._replace(reason=f"{choice.reason}; its rounds run one at a time "
                                  f"(scan_rounds needs the client state on the device)")
     program = StoredProgram(config, plan, choice.kind, folder, traced, members, mesh, width,
