@@ -360,7 +360,8 @@ def _run(
 
         # Profile the first host calls after round 1: rounds 2-3, or the second scanned chunk.
         last = len(chunks) - 1
-        profiled = range(min(1, last), min(1 if program.scanned else 2, last) + 1)
+        many = program.scanned and any(count > 1 for _, count in chunks)
+        profiled = range(min(1, last), min(1 if many else 2, last) + 1)
         # With checkpoints, SIGINT / SIGTERM stop the run at the end of a host call, where the
         # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
         stop_requests = StopRequests() if checkpoints is not None else None
