@@ -26,7 +26,7 @@ Workloads (`--workloads`, default all but ``cnn-cifar``):
   cnn-cifar    the zoo's CIFAR CNN (`peers/mcfl_zoo_round.py`).
 
 It refuses to report when another job shares the machine: before it starts, the 1-minute load
-average must be under `--max-load`, and before every process the count of runnable processes
+average must be under `--max-load` (0.8), and before every process the count of runnable processes
 (``/proc/stat``'s procs_running, sampled for 2 s, waiting up to a minute for it to settle)
 must say nobody else is running. Anything measured while another job ran makes it exit 3 with
 the reason instead of a table (`--force`: print it anyway, marked). OUT/regression.json is
@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--repeats", type=int, default=3, help="pairs per workload (>= 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/regression"))
-    parser.add_argument("--max-load", type=float, default=0.5,
-                        help="the 1-minute load average above which it refuses to start")
+    parser.add_argument("--max-load", type=float, default=0.8,
+                        help="the 1-minute load average above which it refuses to start "
+                        "(another job on its own keeps it near 1 or above)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--force", action="store_true",
                         help="report even when another job shared the machine (marked)")
