@@ -232,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"{', '.join(WORKLOADS)}")
     if args.repeats < 1:
         return fail(f"--repeats {args.repeats}: expected at least 1")
+    load = os.getloadavg()[0]
+    if load > args.max_load and not args.force:
+        print(f"regression: refused: the 1-minute load average is {load:.2f} (> --max-load "
+              f"{args.max_load}); another job is running", file=sys.stderr)
+        return BUSY
     try:
         baseline = resolve_commit(args.baseline)
         out = args.out.resolve()
@@ -241,11 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         probe.unlink()
     except (ValueError, OSError) as error:
         return fail(str(error))
-    load = os.getloadavg()[0]
-    if load > args.max_load and not args.force:
-        print(f"regression: refused: the 1-minute load average is {load:.2f} (> --max-load "
-              f"{args.max_load}); another job is running", file=sys.stderr)
-        return BUSY
     current = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],

@@ -122,3 +122,40 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.startswith("mcfl: error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "b").exists()
+
+
+def _regression_guard():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "regression.py"
+    spec = importlib.util.spec_from_file_location("regression_guard", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_regression_guard_pairs_its_sides_and_refuses_a_busy_machine(tmp_path, capsys):
+    """benchmarks/regression.py: ratios current / baseline per repeat, their median and range
+    (hand values; a repeat with one side missing is no pair); it refuses to start above
+    --max-load (exit 3, nothing measured) and refuses bad input in one line (exit 2)."""
+    guard = _regression_guard()
+    measured = [(0, "baseline", 2.0), (0, "current", 1.0), (1, "current", 3.0),
+                (1, "baseline", 2.0), (2, "baseline", 4.0), (3, "current", 9.0)]
+    document = {"measurements": [{"repeat": r, "workload": "cnn-round", "side": side,
+                                  "seconds_per_round": s} for r, side, s in measured]
+                + [{"repeat": 0, "workload": "full-mlp", "side": "current", "error": "x"}]}
+    cnn, mlp = guard.summarise(document, ["cnn-round", "full-mlp"])
+    assert cnn["pairs"] == 2 and cnn["ratio"] == pytest.approx(1.0)  # median of 0.5 and 1.5
+    assert (cnn["ratio_min"], cnn["ratio_max"]) == (0.5, 1.5)
+    assert cnn["baseline_s"] == 2.0 and cnn["current_s"] == 3.0  # medians of each side's runs
+    assert mlp["ratio"] is None and mlp["pairs"] == 0
+    out = tmp_path / "guard"
+    assert guard.main(["--baseline", "HEAD", "--max-load", "-1", "--out", str(out)]) == 3
+    assert "refused: the 1-minute load average" in capsys.readouterr().err
+    assert not (out / "regression.json").exists()
+    assert guard.main(["--baseline", "no-such-revision", "--force", "--out", str(out)]) == 2
+    assert "'no-such-revision' is not a commit" in capsys.readouterr().err
+    assert guard.main(["--baseline", "HEAD", "--workloads", "cnn,resnet", "--out",
+                       str(out)]) == 2
+    assert "expected names among cnn-round" in capsys.readouterr().err
