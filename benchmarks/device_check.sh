@@ -8,7 +8,8 @@
 #      .toml) for 30 rounds;
 #   4. the MLP rounds (10,000 clients, 1,000 a round; 1,000 clients, all a round) with the same
 #      choices and three block sizes;
-#   5. FeSEM's small rounds (100,000 MCLR clients, 100 a round) with and without --scan-rounds.
+#   5. FeSEM's small rounds (100,000 MCLR clients, 100 a round): --scan-rounds auto (the default),
+#      on and off.
 # Run from the repository root (mcfl need not be installed: PYTHONPATH=.):
 #   bash benchmarks/device_check.sh OUT_DIR [FASHION_MNIST_DIR]
 # Every part has its own time limit inside the whole budget (DEVICE_CHECK_SECONDS, 480), writes
