@@ -49,6 +49,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mcfl.files.atomic import write_json  # noqa: E402
+
 BUSY = 3  # exit status when another job shared the machine
 
 WORKLOADS = {
@@ -69,16 +73,6 @@ DEFAULT_WORKLOADS = ("cnn-round", "full-mlp", "char-lstm", "fesem-100k")
 def fail(message: str) -> int:
     print(f"regression: {message}", file=sys.stderr)
     return 2
-
-
-def write_atomic(path: Path, document: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "w") as f:
-        json.dump(document, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
 
 
 def resolve_commit(revision: str) -> str:
@@ -269,14 +263,14 @@ def main(argv: list[str] | None = None) -> int:
                 record.update(repeat=repeat, workload=name, side=side, busy=not calm,
                               runnable_others=others, at=time.strftime("%Y-%m-%dT%H:%M:%S"))
                 document["measurements"].append(record)
-                write_atomic(path, document)
+                write_json(path, document)
                 shown = (f"{record['seconds_per_round']:.4g} s/round" if "seconds_per_round"
                          in record else record["error"])
                 print(f"[{repeat + 1}/{args.repeats}] {name:<11} {side:<8} {shown}"
                       f"{'  (another job was running)' if not calm else ''}", flush=True)
     rows = summarise(document, workloads)
     document["summary"] = rows
-    write_atomic(path, document)
+    write_json(path, document)
     busy = [m for m in document["measurements"] if m["busy"]]
     if busy and not args.force:
         print(f"regression: refused: {len(busy)} of {len(document['measurements'])} "

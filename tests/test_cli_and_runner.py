@@ -344,21 +344,22 @@ def test_round_chunks_end_at_each_evaluation():
 def test_scan_rounds_auto_scans_the_small_rounds_only():
     """``--scan-rounds auto`` scans a round under 1e9 training FLOPs by 6 x parameters x B x
     mean steps x clients a round (hand-computed); on / off are obeyed whatever the size."""
-    from types import SimpleNamespace
-
+    from mcfl.engine import client_num_steps
     from mcfl.runs.execution import SCAN_BELOW_FLOPS, scans_rounds
 
     assert SCAN_BELOW_FLOPS == 1e9
-    data = SimpleNamespace(train_counts=lambda: np.array([10, 25, 50, 95]))  # steps 1, 3, 5, 10
+    counts = jnp.asarray([10, 25, 50, 95])  # ceil(n / 10): 1, 3, 5, 10
     fixed = mcfl.RunConfig(local_steps=5, batch_size=10)
-    assert scans_rounds(fixed, data, 610, 100)  # FeSEM's MCLR: 6 * 610 * 10 * 5 * 100 = 1.8e7
-    assert not scans_rounds(fixed, data, 199_210, 1000)  # the MLP, all of 1,000: 6.0e10
-    assert not scans_rounds(fixed, data, 610, 100_000)  # 1.8e10
+    assert float(np.mean(client_num_steps(counts, fixed))) == 5.0
+    assert scans_rounds(fixed, 5.0, 610, 100)  # FeSEM's MCLR: 6 * 610 * 10 * 5 * 100 = 1.8e7
+    assert not scans_rounds(fixed, 5.0, 199_210, 1000)  # the MLP, all of 1,000: 6.0e10
+    assert not scans_rounds(fixed, 5.0, 610, 100_000)  # 1.8e10
     epochs = mcfl.RunConfig(local_epochs=2, batch_size=10)  # mean steps 2 * 19 / 4 = 9.5
-    assert scans_rounds(epochs, data, 17_000, 100)  # 6 * 17,000 * 10 * 9.5 * 100 = 9.7e8
-    assert not scans_rounds(epochs, data, 18_000, 100)  # 1.03e9
-    assert scans_rounds(fixed.replace(scan_rounds="on"), data, 199_210, 1000)
-    assert not scans_rounds(fixed.replace(scan_rounds="off"), data, 610, 100)
+    assert float(np.mean(client_num_steps(counts, epochs))) == 9.5
+    assert scans_rounds(epochs, 9.5, 17_000, 100)  # 6 * 17,000 * 10 * 9.5 * 100 = 9.7e8
+    assert not scans_rounds(epochs, 9.5, 18_000, 100)  # 1.03e9
+    assert scans_rounds(fixed.replace(scan_rounds="on"), 5.0, 199_210, 1000)
+    assert not scans_rounds(fixed.replace(scan_rounds="off"), 5.0, 610, 100)
 
 
 def test_a_store_off_the_device_runs_round_by_round_under_auto():

@@ -92,12 +92,17 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     ) is not None
     # Blocks of the dense-stack path share products and want many clients; a CNN's factored
     # layer is per client, sized like the per-client path.
+    # Every client's local steps a round, as the engine counts them (`client_num_steps`): equal
+    # steps waste no step in a block of them; their mean sizes a round's training.
+    steps = np.asarray(engine.client_num_steps(jnp.asarray(dataset.train_counts()), config))
+    uniform_steps = bool(steps.size == 0 or steps.min() == steps.max())
     block_size = config.block_size or engine.default_block_size(
         params_count, per_round, low_rank=low_rank and model.dense_layers is not None,
-        uniform_steps=uniform_steps(config, dataset))
+        uniform_steps=uniform_steps)
     eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
+    mean_steps = float(steps.mean()) if steps.size else 0.0
     return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block, privacy,
-                   scans_rounds(config, dataset, params_count, per_round))
+                   scans_rounds(config, mean_steps, params_count, per_round))
 
 
 # A round of fewer training FLOPs than this is short enough (about 10 ms on a CPU core, far
@@ -108,32 +113,16 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
 SCAN_BELOW_FLOPS = 1e9
 
 
-def scans_rounds(config: RunConfig, dataset: FederatedDataset, params_count: int,
+def scans_rounds(config: RunConfig, mean_steps: float, params_count: int,
                  per_round: int) -> bool:
     """Whether the rounds between evaluations run as one lax.scan: ``--scan-rounds on|off``,
     or with ``auto`` when a round's training is under `SCAN_BELOW_FLOPS` by the dense rule of
-    thumb (6 FLOPs per parameter per example: forward and backward) over the mean steps of the
-    round's clients. A client store on the host or on disk runs round by round whatever this
-    says (`mcfl.runs.stored_program`)."""
+    thumb (6 FLOPs per parameter per example: forward and backward) over `mean_steps`, the
+    clients' mean local steps a round. A client store on the host or on disk runs round by
+    round whatever this says (`mcfl.runs.stored_program`)."""
     if config.scan_rounds != "auto":
         return config.scan_rounds == "on"
-    if config.local_steps is not None:
-        steps = float(config.local_steps)
-    else:
-        counts = np.asarray(dataset.train_counts(), np.float64)
-        steps = config.local_epochs * float(np.mean(np.ceil(counts / config.batch_size)))
-    return 6.0 * params_count * config.batch_size * steps * per_round < SCAN_BELOW_FLOPS
-
-
-def uniform_steps(config: RunConfig, dataset: FederatedDataset) -> bool:
-    """Whether every client trains the same number of local steps a round: a fixed
-    ``local_steps``, or ``E * ceil(n_i / B)`` equal over the clients (then no block of a round
-    runs a masked step, `engine.default_block_size`)."""
-    if config.local_steps is not None:
-        return True
-    counts = np.asarray(dataset.train_counts())
-    steps = np.ceil(counts / config.batch_size)
-    return bool(steps.size == 0 or steps.min() == steps.max())
+    return 6.0 * params_count * config.batch_size * mean_steps * per_round < SCAN_BELOW_FLOPS
 
 
 def check_first_batch(model, dataset: FederatedDataset, config: RunConfig) -> None:

@@ -9,7 +9,7 @@ whose numbers are baked into the program):
 
 * ``init(values, init_key, data) -> state``;
 * ``rounds[count](values, state, data, rounds_key, first) -> (state, metrics [count])``: one
-  round, or with ``config.scan_rounds`` `count` rounds as one `lax.scan`;
+  round, or with ``plan.scan_rounds`` `count` rounds as one `lax.scan`;
 * ``evaluate(values, state, data) -> (counts, test_counts, assignments)``.
 
 Each builds the algorithm's hyperparameters (`Hyperparams`) from the config and the values,
@@ -299,7 +299,8 @@ def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] 
                             if k not in ("seed", "data_seed")))
     # (a replaced builder, in tests, builds other programs)
     key = (settings, _module_key(plan.model.module), signature(data), tuple(traced), members,
-           mesh, width, repr(jit_options), build_algorithm, transform, plan.train_block)
+           mesh, width, repr(jit_options), build_algorithm, transform, plan.train_block,
+           plan.scan_rounds)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]

@@ -80,9 +80,8 @@ class StoredProgram(RoundProgram):
                               f"run with the clients' rows on the device; this run keeps them "
                               f"in a {kind} store: give --client-store device, or fewer "
                               f"clients")
-        super().__init__(config.replace(scan_rounds="off"), plan._replace(scan_rounds=False),
-                         traced, members, mesh, width,
-                         jit_options, *(() if transform is None else (transform,)))
+        super().__init__(config, plan._replace(scan_rounds=False), traced, members, mesh,
+                         width, jit_options, *(() if transform is None else (transform,)))
         self.kind, self.folder = kind, folder
         self.temporary = False  # the folder is the program's own, removed when it closes
         algorithm, transform = self.algorithm, self.transform
