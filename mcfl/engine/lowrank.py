@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from mcfl.engine.batch_rule import step_rows
+from mcfl.engine.batch_rule import client_shuffle_keys, step_rows_keyed
 
 PyTree = Any
 
@@ -253,9 +253,10 @@ def train_block(
 
 def visit_rows(data, key: jax.Array, client, capacity: int, batch: int):
     """[capacity * batch] rows client `client` visits in its first `capacity` steps of the
-    round keyed `key`, in order, and the mask of real ones (`batch_rule.step_rows`)."""
+    round keyed `key`, in order, and the mask of real ones (`batch_rule.step_rows_keyed`)."""
     steps = jnp.arange(capacity, dtype=jnp.int32)
-    rows, mask = jax.vmap(lambda s: step_rows(key, data, client, s, batch))(steps)
+    shuffle_keys = client_shuffle_keys(key, client)
+    rows, mask = jax.vmap(lambda s: step_rows_keyed(shuffle_keys, data, client, s, batch))(steps)
     return rows.reshape(-1), mask.reshape(-1)
 
 

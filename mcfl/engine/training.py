@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from mcfl.data.federated import FederatedData
-from mcfl.engine.batch_rule import step_rows
+from mcfl.engine.batch_rule import client_shuffle_keys, step_rows_keyed
 from mcfl.models.spec import trainable_part, with_trainable_part
 
 PyTree = Any
@@ -192,9 +192,9 @@ def local_train(
 
     Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
     are real; with ``masked=False`` the caller promises they are the same (a block of one
-    client), and the steps skip the masking. Step s reads `batch_rule.step_rows` of the round
-    `key`. The proximal weight is ``training.mu * prox_scale`` (FeSEM weighs it per client,
-    Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
+    client), and the steps skip the masking. Step s reads `batch_rule.step_rows_keyed` of
+    the round `key`. The proximal weight is ``training.mu * prox_scale`` (FeSEM weighs it per
+    client, Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
     step's gradient gains c (FedDANE's gradient correction).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed).
@@ -218,9 +218,11 @@ def local_train(
             total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
         return total, loss
 
+    shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
+
     def step(s, carry):
         p, opt_state, loss_sum, taken = carry
-        rows, mask = step_rows(key, data, client, s, batch)
+        rows, mask = step_rows_keyed(shuffle_keys, data, client, s, batch)
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
             p, data.x_train[rows], data.y_train[rows], mask
         )
@@ -266,9 +268,11 @@ def _local_train_stateful(training, data, key, model, anchor, client, num_steps,
             total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor_params)
         return total, (loss, updated)
 
+    shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
+
     def step(s, carry):
         m, opt_state, loss_sum, taken = carry
-        rows, mask = step_rows(key, data, client, s, batch)
+        rows, mask = step_rows_keyed(shuffle_keys, data, client, s, batch)
         p = trainable_part(m, collections)
         (_, (loss, updated)), grads = jax.value_and_grad(objective, has_aux=True)(
             p, m, data.x_train[rows], data.y_train[rows], mask, dropout_key(key, client, s))
@@ -332,9 +336,11 @@ def local_train_factored(
 
     anchor = rest
 
+    shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
+
     def step(s, carry):
         rest, hist_in, hist_grad, loss_sum, taken = carry
-        rows, mask = step_rows(key, data, client, s, batch)
+        rows, mask = step_rows_keyed(shuffle_keys, data, client, s, batch)
         offset = jnp.zeros((batch, kernel0.shape[1]), jnp.float32)
         (_, (loss, h)), (grads, delta) = jax.value_and_grad(objective, argnums=(0, 1),
                                                             has_aux=True)(
