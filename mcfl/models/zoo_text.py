@@ -13,10 +13,10 @@ tests/test_zoo.py):
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from mcfl.errors import ConfigError
+from mcfl.models.lstm_recurrence import lstm_recurrence
 from mcfl.models.registry import register
 from mcfl.models.spec import ModelSpec, from_module
 
@@ -24,13 +24,15 @@ LEAF_VOCABULARY = 80  # LEAF Shakespeare's letters (mcfl.data.leaf_strings.NUM_L
 
 
 class LSTMLayer(nn.Module):
-    """One LSTM layer over [B, T, in] -> the hidden states [B, T, hidden].
+    """One LSTM layer over time-major inputs [T, B, in] -> the hidden states [T, B, hidden]
+    (time-major, so that stacked layers pass their states on without transposing them).
 
     Gates (i, f, g, o) as in TensorFlow's BasicLSTMCell (what LEAF uses), with its constant
     forget bias of 1 added to the f gate's pre-activation; the parameters are an input kernel
     [in, 4h], a recurrent kernel [h, 4h] and one bias [4h] (flax LSTMCell's initialisers). The
     input projections of all steps are one matmul outside the scan, which carries only the
-    recurrent one.
+    recurrent one; its backward pass forms the recurrent kernel's gradient as one matmul over
+    all steps (`mcfl.models.lstm_recurrence`).
     """
 
     hidden: int
@@ -47,16 +49,7 @@ class LSTMLayer(nn.Module):
         forget = jnp.zeros(4 * h, projected.dtype).at[h:2 * h].set(self.forget_bias)
         projected = projected + bias + forget
 
-        def step(carry, inputs):
-            c, state = carry
-            i, f, g, o = jnp.split(inputs + state @ recurrent, 4, axis=-1)
-            c = nn.sigmoid(f) * c + nn.sigmoid(i) * jnp.tanh(g)
-            state = nn.sigmoid(o) * jnp.tanh(c)
-            return (c, state), state
-
-        zeros = jnp.zeros((x.shape[0], h), projected.dtype)
-        _, states = jax.lax.scan(step, (zeros, zeros), jnp.swapaxes(projected, 0, 1))
-        return jnp.swapaxes(states, 0, 1)
+        return lstm_recurrence(projected, recurrent)
 
 
 class CharLSTM(nn.Module):
@@ -72,10 +65,11 @@ class CharLSTM(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = nn.Embed(self.vocab, self.embed, name="Embed_0")(x.astype(jnp.int32))
+        # time-major from the start: the indices [B, T] are the smallest tensor to transpose
+        h = nn.Embed(self.vocab, self.embed, name="Embed_0")(x.astype(jnp.int32).T)
         for i in range(self.layers):
             h = LSTMLayer(self.hidden, name=f"LSTM_{i}")(h)
-        return nn.Dense(self.num_classes, name="Dense_0")(h[:, -1])
+        return nn.Dense(self.num_classes, name="Dense_0")(h[-1])
 
 
 class CharTransformer(nn.Module):
