@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.errors import ConfigError, choice_error
-from mcfl.models.paper import resolve_conv
+from mcfl.models.paper import conv_as_matmul, resolve_conv
 from mcfl.models.registry import register
 from mcfl.models.spec import FactoredLayer, HiddenUnits, ModelSpec, from_module
 
@@ -58,6 +58,8 @@ def strided_conv_as_matmul(x: jax.Array, kernel: jax.Array,
     (a ResNet's stride-2 3x3 and 1x1 projections), with the padding of `flax.linen.Conv`
     (checked in tests/test_zoo.py)."""
     kh, kw, c_in, c_out = kernel.shape
+    if tuple(strides) == (1, 1) and kh % 2 and kw % 2:
+        return conv_as_matmul(x, kernel)  # its backward pass is a convolution too
     patches = jnp.concatenate(_views(x, (kh, kw), strides), axis=-1)
     return patches @ kernel.reshape(kh * kw * c_in, c_out)
 
