@@ -67,8 +67,9 @@ def conv_as_matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
     tests/test_models.py), but XLA:CPU runs it as a plain matmul, also when vmapped over
     clients, where its convolution kernels are 7x slower than PyTorch's (BENCHMARKS.md).
 
-    Its backward pass (`_conv_backward`) computes the input's gradient as a convolution of
-    the output's gradient with the kernel rotated by 180 degrees (the transposed convolution,
+    Its backward pass (`_conv_backward`) computes the input's gradient, when the layer has
+    no more output than input channels, as a convolution of the output's gradient with the
+    kernel rotated by 180 degrees (the transposed convolution,
     again one matmul), instead of autodiff's product with the kernel's transpose followed by
     summing kh * kw shifted views back into the image: the same FLOPs, but the product has
     the forward's fast shape and the views are gathered, not scattered (CIFAR CNN's second
@@ -89,6 +90,15 @@ def _conv_backward(saved, d_y):
     kh, kw, c_in, c_out = kernel.shape
     rows = math.prod(d_y.shape[:-1])
     d_kernel = patches.reshape(rows, kh * kw * c_in).T @ d_y.reshape(rows, c_out)
+    if c_out > c_in:
+        # more output than input channels (the Fashion-MNIST CNN's 32 -> 64): the views of dy
+        # would be wider than the patches, so autodiff's way is the cheaper one: the patches'
+        # gradient, summed back into the image (the transpose of taking the views)
+        d_patches = (d_y.reshape(rows, c_out) @ kernel.reshape(kh * kw * c_in, c_out).T)
+        image = jax.ShapeDtypeStruct(patches.shape[:-1] + (c_in,), patches.dtype)
+        sum_views = jax.linear_transpose(lambda x: _same_patches(x, kh, kw), image)
+        (d_x,) = sum_views(d_patches.reshape(patches.shape))
+        return d_x, d_kernel.reshape(kernel.shape)
     # dx[q, c] = sum_{i, j, o} dy[q - (i, j) + centre, o] K[i, j, c, o]: a 'same' convolution
     # of dy with K[kh - 1 - i, kw - 1 - j, o, c], contracted over (view, o) without
     # materialising the swapped kernel (that transpose cost a third of the product: ResNet's
