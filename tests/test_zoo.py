@@ -82,6 +82,21 @@ def test_strided_conv_as_matmul_equals_flax_conv(size, kernel, stride):
         np.testing.assert_allclose(fast, conv_as_matmul(x, w), atol=1e-6)
 
 
+@pytest.mark.parametrize("c_in, c_out", [(3, 5), (5, 5), (6, 4)])
+def test_conv_as_matmul_input_gradient_both_ways_equals_flax(c_in, c_out):
+    """The stride-1 backward pass takes autodiff's way when c_out > c_in and the rotated-kernel
+    convolution otherwise: both give flax nn.Conv's input and kernel gradients."""
+    conv = nn.Conv(c_out, (3, 3), padding="SAME", use_bias=False)
+    x = jax.random.normal(jax.random.key(0), (2, 7, 6, c_in))
+    w = conv.init(jax.random.key(1), x)["params"]["kernel"]
+    up = jax.random.normal(jax.random.key(2), (2, 7, 6, c_out))
+    ours = jax.grad(lambda x, w: jnp.sum(conv_as_matmul(x, w) * up), argnums=(0, 1))(x, w)
+    theirs = jax.grad(lambda x, w: jnp.sum(conv.apply({"params": {"kernel": w}}, x) * up),
+                      argnums=(0, 1))(x, w)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
 def test_overlapping_max_pool_equals_flax():
     for size in (8, 7):
         x = jax.random.normal(jax.random.key(size), (2, size, size, 4))
