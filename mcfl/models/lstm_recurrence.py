@@ -13,7 +13,7 @@ rows in LEAF's Shakespeare setting) followed by an add into a [h, 4h] buffer, T 
 backward pass here keeps only what must be sequential in the scan (``dh_{t-1} = dz_t R^T`` and
 the cell's elementwise chain) and forms ``dR = H_prev^T dZ`` once, with the T * B rows of all
 steps as the contraction: one large product per client, as cuDNN and PyTorch's fused LSTM do.
-The values equal autodiff's up to float32 summation order (tests/test_zoo.py).
+The values equal autodiff's up to float32 summation order (tests/test_models.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ against 228-365 us for the batched product; 20 rows 171 against 399 us; 32 rows 
 `row_outer_dense` is a `flax.linen.intercept_methods` interceptor that computes eligible
 ``nn.Dense`` calls with `outer_sum_matmul`, with the layer's own parameters (created with its
 initialisers): the forward product and the input gradient are the ordinary ones, the kernel
-gradient equals autodiff's up to float32 summation order (tests/test_zoo.py).
+gradient equals autodiff's up to float32 summation order (tests/test_models.py).
 `mcfl.models.structure.with_fast_paths` installs it on CPU.
 """
 

@@ -16,7 +16,7 @@ module where it is exact.
   shifted views and one matmul (`conv_as_matmul`, at any stride) where `--conv` resolves to
   "matmul" (CPU, where XLA's convolutions are ~30x slower), by intercepting the layer's call
   (`flax.linen.intercept_methods`); the parameters are the layer's own, created with its
-  initialisers, so values and gradients are those of ``nn.Conv`` (tests/test_structure_paths.py).
+  initialisers, so values and gradients are those of ``nn.Conv`` (tests/test_user_models.py).
 - ``nn.Dense`` calls on at most 32 rows, on CPU: the kernel gradient as a sum of the rows' outer
   products (`mcfl.models.row_outer`), which XLA:CPU runs 3-5x faster than a batched product of
   one small matrix per client; same values to float32 rounding.
