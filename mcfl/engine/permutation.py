@@ -14,7 +14,8 @@ random bits drawn from `key`. It is a bijection for any key by construction; for
 it is a pseudo-random permutation, not an exactly uniform one, which is what data shuffling
 and client sampling need. With 6 rounds, where a half holds 2 bits (n <= 16) the positions were
 measurably non-uniform (chi-square p = 0.06 over 20,000 keys); 12 rounds pass first- and
-second-order chi-square tests for n from 3 to 300 (tests/test_permutation.py).
+second-order chi-square tests (tests/test_permutation.py: first order for n = 3, 10 and 50 over
+20,000 keys, epochs or clients; second order for n <= 10; bijections for n up to 300).
 """
 
 from __future__ import annotations
