@@ -121,11 +121,12 @@ def test_row_outer_dense_gives_autodiffs_gradients_per_client_and_falls_back():
 
 
 def test_lstm_recurrence_backward_equals_autodiff_of_the_scan():
-    """`mcfl.models.lstm_recurrence`'s hand-written backward pass (the recurrent kernel's
-    gradient as one product over all steps) against autodiff of the same cell in a scan."""
+    """`mcfl.models.lstm_recurrence` (gates in one pass, a hand-written backward pass with the
+    recurrent kernel's gradient as one product over all steps) against autodiff of the
+    textbook cell in a scan: values and gradients."""
     import jax.numpy as jnp
 
-    from mcfl.models.lstm_recurrence import _cell, lstm_recurrence
+    from mcfl.models.lstm_recurrence import lstm_recurrence
 
     steps, batch, width = 6, 3, 5
     projected = jax.random.normal(jax.random.key(0), (steps, batch, 4 * width))
@@ -135,8 +136,11 @@ def test_lstm_recurrence_backward_equals_autodiff_of_the_scan():
     def by_autodiff(p, r):
         zeros = jnp.zeros((batch, width))
 
-        def step(carry, p_t):
-            c, h, _ = _cell(*carry, p_t, r)
+        def step(carry, p_t):  # the textbook cell (TensorFlow's BasicLSTMCell gates)
+            c, h = carry
+            i, f, g, o = jnp.split(p_t + h @ r, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
             return (c, h), h
 
         return jax.lax.scan(step, (zeros, zeros), p)[1]
