@@ -12,6 +12,13 @@ the variants run one after another, `--passes` times over (the first pass compil
 - ``default``: the defaults (the block rule, ``--scan-rounds auto``).
 Prints each variant's s/round and its ratio to the bound for ``cpu-here`` (this CPU's matmul
 rate and copy bandwidth, measured in the same process), and writes OUT/small_rounds.json.
+
+Beside them, ``floor``: the round's local training written as plain JAX with nothing of mcfl's
+(100 clients' MCLR weights, 5 SGD steps of 10 rows each already gathered in memory, one jitted
+`fori_loop`, the gradient by autodiff vmapped over clients), i.e. what a round's compute alone
+costs on this CPU before any sampling, batch order, row gather, masking or server step. When the
+floor is itself several times the plan's bound, the bound (bytes and FLOPs at the CPU's peak
+rates) is not reachable by kernels of this size: the gap is per-kernel cost, not mcfl's work.
 """
 
 from __future__ import annotations
@@ -28,10 +35,47 @@ from mcfl.apps.bench_data import benchmark_dataset  # noqa: E402
 from mcfl.apps.bench_point import FEATURES, Point, _planned, training_config  # noqa: E402
 from mcfl.files.atomic import write_json  # noqa: E402
 
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
 VARIANTS = {"block8-off": {"block_size": 8, "scan_rounds": "off"},
             "block8-on": {"block_size": 8, "scan_rounds": "on"},
             "default-off": {"scan_rounds": "off"},
             "default": {}}
+
+
+def local_steps_floor(clients: int = 100, steps: int = 5, rows: int = 10, features: int = 60,
+                      classes: int = 10, calls: int = 200) -> float:
+    """Median seconds of `steps` vmapped MCLR SGD steps of `clients` as plain JAX, the batches
+    already in memory (see the module docstring): the floor under a round's local training."""
+    generator = np.random.default_rng(0)
+    x = jnp.asarray(generator.normal(size=(clients, steps, rows, features)), jnp.float32)
+    y = jnp.asarray(generator.integers(0, classes, (clients, steps, rows)), jnp.int32)
+    weights = (jnp.zeros((clients, features, classes)), jnp.zeros((clients, classes)))
+
+    def loss(params, x, y):
+        logits = x @ params[0] + params[1]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+    gradient = jax.vmap(jax.grad(loss))
+
+    @jax.jit
+    def train(params, x, y):
+        def step(i, params):
+            grads = gradient(params, x[:, i], y[:, i])
+            return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+        return jax.lax.fori_loop(0, steps, step, params)
+
+    jax.block_until_ready(train(weights, x, y))
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(train(weights, x, y))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
 
 
 def main() -> int:
@@ -45,10 +89,16 @@ def main() -> int:
     dataset = benchmark_dataset(point.clients, FEATURES[point.model], point.rows_per_client,
                                 seed=0)
     bound = _planned(base, dataset)
-    document = {"plan": bound, "variants": {name: [] for name in VARIANTS}}
+    document = {"plan": bound, "variants": {name: [] for name in VARIANTS}, "floor": []}
     print(f"plan's bound: {1000 * bound['plan_round_seconds']:.3f} ms a round "
           f"({bound['plan_bound_by']}-bound)", flush=True)
     for number in range(args.passes):
+        floor = local_steps_floor(steps=point.local_steps, rows=point.batch_size,
+                                  features=FEATURES[point.model])
+        document["floor"].append(floor)
+        write_json(args.out / "small_rounds.json", document)
+        print(f"pass {number + 1} {'floor':<12} {1000 * floor:7.3f} ms a round (plain JAX local "
+              f"steps), {floor / bound['plan_round_seconds']:.1f}x the bound", flush=True)
         for name, changes in VARIANTS.items():
             result = run(base.replace(**changes), dataset=dataset)
             seconds = statistics.median(row["seconds"] for row in result.rounds[1:])
