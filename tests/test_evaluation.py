@@ -3,11 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
 from mcfl.data.federated import from_splits
 from mcfl.engine import evaluate_counts
-from mcfl.runs.evaluation import aggregate, client_metrics
+from mcfl.runs.evaluation import ClientMetrics, aggregate, client_metrics
 
 NUM_CLASSES = 5
 
@@ -53,3 +54,21 @@ def test_accuracy_and_f1_match_sklearn_on_random_predictions():
     np.testing.assert_allclose(agg["f1_micro"], np.sum(sizes * metrics.f1) / sizes.sum())
     np.testing.assert_allclose(agg["f1_macro"], np.mean(metrics.f1))
     assert agg["accuracy_micro"] != agg["accuracy_macro"]
+
+
+def test_group_accuracies_by_hand():
+    """Group 0: clients with 10 and 30 test rows at 0.5 and 0.9 -> (5 + 27) / 40 = 0.8; group 1
+    (the smallest, one client) 0.6; group 2's only client has no test rows and is skipped."""
+    from mcfl.runs.evaluation import group_accuracies
+
+    n = np.array([10, 30, 20, 0])
+    metrics = ClientMetrics(n_test=n, accuracy=np.array([0.5, 0.9, 0.6, np.nan]),
+                            f1=np.zeros(4), loss=np.zeros(4))
+    out = group_accuracies(metrics, np.array([0, 0, 1, 2]))
+    assert out["worst_group_accuracy"] == pytest.approx(0.6)
+    # the smallest groups are 1 and 2 (one client each): the lowest id, 1
+    assert out["smallest_group_accuracy"] == pytest.approx(0.6)
+    out = group_accuracies(metrics._replace(accuracy=np.array([0.5, 0.9, 0.95, np.nan])),
+                           np.array([0, 0, 1, 2]))
+    assert out == {"worst_group_accuracy": pytest.approx(0.8),
+                   "smallest_group_accuracy": pytest.approx(0.95)}

@@ -94,7 +94,8 @@ def test_planted_clusters_in_given_proportions():
 
 
 def test_partition_specs():
-    assert parse_partition("rotated:4+dirichlet:0.5") == ("dirichlet", 0.5, "rotated", 4, ())
+    assert parse_partition("rotated:4+dirichlet:0.5") == ("dirichlet", 0.5, (("rotated", None),),
+                                                          4, ())
     assert str(parse_partition("permuted:2")) == "permuted:2+iid"
     for bad, message in [
         ("dirichlet:0", "alpha must be > 0, got 0"),

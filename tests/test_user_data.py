@@ -225,8 +225,8 @@ def test_label_swap_maps_by_hand():
 
 
 def test_label_swap_is_a_partition_everywhere():
-    assert parse_partition("label_swap:3+dirichlet:0.5") == ("dirichlet", 0.5, "label_swap", 3,
-                                                             ())
+    assert parse_partition("label_swap:3+dirichlet:0.5") == ("dirichlet", 0.5,
+                                                             (("label_swap", None),), 3, ())
     assert str(parse_partition("label_swap:2")) == "label_swap:2+iid"
     with pytest.raises(ConfigError, match="allowed: .*label_swap:R"):
         parse_partition("swap:2")
@@ -273,8 +273,10 @@ def test_plant_rotates_a_users_images_by_cluster():
         plant(from_clients([_pair(), _pair()]), "rotated:2")
     with pytest.raises(DataError, match="already has planted clusters"):
         plant(planted, "rotated:2")
-    with pytest.raises(DataError, match=r"^plant takes a planted recipe \(rotated:R, "
-                                        r"permuted:R, label_swap:R\), got 'dirichlet:0.5'$"):
+    with pytest.raises(DataError, match=r"^plant takes planted recipes alone \(rotated:R, "
+                                        r"permuted:R, label_swap:R, shift_x:R@S, shift_y:R@S, "
+                                        r"shift_y_given_x:R@S, shift_x_given_y:R@S\), got "
+                                        r"'dirichlet:0.5'$"):
         plant(ds, "dirichlet:0.5")
 
 
@@ -342,7 +344,7 @@ def test_a_registered_dataset_runs_end_to_end(tmp_path):
                                         r"already split, but clients is 5: give 4 or leave "
                                         r"clients out$"):
         load_dataset(split.replace(clients=5))
-    with pytest.raises(DataError, match="its partition may be natural or a planted recipe"):
+    with pytest.raises(DataError, match="its partition may be natural or planted recipes alone"):
         load_dataset(split.replace(partition="dirichlet:0.5"))
     planted = load_dataset(split.replace(partition="permuted:2"), cache_dir=tmp_path)
     assert sorted(planted.true_cluster.tolist()) == [0, 0, 1, 1]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from mcfl.data import cache, partition, registry
+from mcfl.data import cache, partition, registry, shifts
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.export import read_true_cluster
 from mcfl.data.fedem_synthetic import generate_fedem_synthetic
@@ -93,28 +93,31 @@ def partition_arrays(
     `samples_per_client`, each client keeps that many of its rows at most (drawn at random)."""
     rng = np.random.default_rng(seed)
     y = arrays.y
-    if part.kind == "iid":
-        owner = partition.iid(len(y), num_clients, rng)
-    elif part.kind == "dirichlet":
-        owner = partition.dirichlet(y, num_clients, part.arg, rng)
-    elif part.kind == "shards":
-        owner = partition.shards(y, num_clients, int(part.arg), arrays.num_classes, rng)
-    elif part.kind == "fedprox-mnist":
-        owner = partition.fedprox_mnist(y, num_clients, arrays.num_classes, rng)
-    elif part.kind == "ditto-fmnist":
-        owner = partition.ditto_fmnist(y, num_clients, arrays.num_classes, rng)
-    else:  # "natural" needs per-user data; validated in the config
-        raise ValueError(f"partition {part.kind} does not apply to array datasets")
+    true_cluster = None
+    if part.planted_kind("shift_y"):  # the groups decide which rows their clients may hold
+        true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng,
+                                                     part.shares)
+        holds = shifts.group_class_subsets(part.clusters, arrays.num_classes,
+                                           dict(part.shifts)["shift_y"], rng)
+        owner = _owners_within_groups(part, y, shifts.group_rows(y, holds, rng), true_cluster,
+                                      arrays.num_classes, rng)
+    else:
+        owner = _owners(part, y, num_clients, arrays.num_classes, rng)
     if samples_per_client is not None:
         owner = partition.cap_rows(owner, samples_per_client, rng)
 
-    x_raw, true_cluster = arrays.x, None
-    if part.planted is not None:
-        true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng,
-                                                     part.shares)
+    x_raw = arrays.x
+    if part.planted:
+        if true_cluster is None:
+            true_cluster = partition.planted_cluster_ids(num_clients, part.clusters, rng,
+                                                         part.shares)
         row_cluster = np.where(owner >= 0, true_cluster[np.maximum(owner, 0)], 0)
-        x_raw, y = partition.plant_rows(part.planted, arrays.x, y, row_cluster, part.clusters,
-                                        arrays.num_classes, rng)
+        if part.shifts:
+            x_raw, y = shifts.shift_rows(part.shifts, arrays.x, y, row_cluster, part.clusters,
+                                         arrays.num_classes, rng)
+        else:
+            x_raw, y = partition.plant_rows(part.planted[0].kind, arrays.x, y, row_cluster,
+                                            part.clusters, arrays.num_classes, rng)
     x = normalize(
         LabelledArrays(arrays.name, x_raw, y, arrays.num_classes, arrays.official_train),
         normalization,
@@ -123,6 +126,43 @@ def partition_arrays(
         f"{arrays.name}/{part}", x, y, owner, num_clients, arrays.num_classes, test_fraction,
         rng, true_cluster=true_cluster, stratify=True,
     )
+
+
+def _owners(part: Partition, y: np.ndarray, num_clients: int, num_classes: int,
+            rng: np.random.Generator) -> np.ndarray:
+    """[N] the client of every row under the label partition `part.kind`."""
+    if part.kind == "iid":
+        return partition.iid(len(y), num_clients, rng)
+    if part.kind == "dirichlet":
+        return partition.dirichlet(y, num_clients, part.arg, rng)
+    if part.kind == "shards":
+        return partition.shards(y, num_clients, int(part.arg), num_classes, rng)
+    if part.kind == "fedprox-mnist":
+        return partition.fedprox_mnist(y, num_clients, num_classes, rng)
+    if part.kind == "ditto-fmnist":
+        return partition.ditto_fmnist(y, num_clients, num_classes, rng)
+    # "natural" needs per-user data; validated in the config
+    raise ValueError(f"partition {part.kind} does not apply to array datasets")
+
+
+def _owners_within_groups(part: Partition, y: np.ndarray, row_group: np.ndarray,
+                          true_cluster: np.ndarray, num_classes: int,
+                          rng: np.random.Generator) -> np.ndarray:
+    """[N] the client of every row under ``shift_y``: each group's rows (`row_group`) dealt to
+    the group's clients by the label partition (iid, dirichlet or shards); -1 for rows of no
+    group."""
+    if part.kind not in ("iid", "dirichlet", "shards"):
+        raise DataError(f"shift_y deals each group's rows to its clients by iid, dirichlet:ALPHA "
+                        f"or shards:C, not {part.kind}")
+    owner = np.full(len(y), -1, np.int64)
+    for group in range(part.clusters):  # a loop over the R groups
+        clients = np.flatnonzero(true_cluster == group)
+        rows = np.flatnonzero(row_group == group)
+        if rows.size < clients.size:
+            raise DataError(f"shift_y group {group} holds {rows.size} rows for its "
+                            f"{clients.size} clients; give fewer clients or a weaker shift")
+        owner[rows] = clients[_owners(part, y[rows], clients.size, num_classes, rng)]
+    return owner
 
 
 def build_dataset(config: RunConfig) -> FederatedDataset:
@@ -184,10 +224,12 @@ def _user_dataset(config: RunConfig, seed: int) -> FederatedDataset:
     part = parse_partition(config.partition)
     if part.kind == "natural":
         return made
-    if part.planted is None or "+" in config.partition:
-        raise DataError(f"{what}: its partition may be natural or a planted recipe alone "
-                        f"(rotated:R, permuted:R, label_swap:R), not {config.partition!r}")
-    return plant(made, f"{part.planted}:{part.clusters}", seed)
+    with_label_partition = config.partition.count("+") + 1 > len(part.planted)
+    if not part.planted or with_label_partition:
+        raise DataError(f"{what}: its partition may be natural or planted recipes alone "
+                        f"(rotated:R, permuted:R, label_swap:R, shift_*:R@S), not "
+                        f"{config.partition!r}")
+    return plant(made, config.partition, seed)
 
 
 def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None

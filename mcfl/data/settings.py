@@ -41,7 +41,9 @@ class DataSettings:
                              "default)")
     partition: Optional[str] = setting(
         None, "iid | dirichlet:ALPHA | shards:C | fedprox-mnist | ditto-fmnist | natural | "
-        "rotated:R | permuted:R | label_swap:R (joinable: rotated:4+dirichlet:0.5); default: "
+        "rotated:R | permuted:R | label_swap:R | shift_x:R@S | shift_y:R@S | "
+        "shift_y_given_x:R@S | shift_x_given_y:R@S (joinable: rotated:4+dirichlet:0.5, "
+        "shift_x:4@0.5+shift_y:4@0.5+dirichlet:0.3); default: "
         "natural for synthetic, fedem-synthetic and leaf, else iid")
     samples_per_client: Optional[int] = setting(
         None, "split datasets: keep at most this many rows (train + test) of each client, "

@@ -2,34 +2,61 @@
 ``ditto-fmnist``, ``natural``, and planted clusters ``rotated:R`` / ``permuted:R`` /
 ``label_swap:R``, optionally on top of a label partition (``rotated:4+dirichlet:0.5``; alone,
 planted clusters split IID). Planted clusters are of equal size, or in given proportions:
-``rotated:4/4,3,2,1`` puts 40%, 30%, 20% and 10% of the clients in clusters 0-3."""
+``rotated:4/4,3,2,1`` puts 40%, 30%, 20% and 10% of the clients in clusters 0-3.
+
+The four distribution shifts of `mcfl.data.shifts` are planted the same way, with a strength
+after ``@`` (in (0, 1], default 0.5): ``shift_x:R@S``, ``shift_y:R@S``,
+``shift_y_given_x:R@S``, ``shift_x_given_y:R@S``. Unlike the three older recipes, they join
+each other on the same R groups (``shift_x:4@0.5+shift_y_given_x:4@1+dirichlet:0.3``)."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
+from mcfl.data.shifts import DEFAULT_STRENGTH, SHIFT_KINDS
 from mcfl.errors import ConfigError
 
 BASE_KINDS = ("iid", "dirichlet", "shards", "fedprox-mnist", "ditto-fmnist", "natural")
-PLANTED_KINDS = ("rotated", "permuted", "label_swap")
-_TAKES_ARG = {"dirichlet": float, "shards": int, "rotated": int, "permuted": int,
-              "label_swap": int}
+SINGLE_PLANTED_KINDS = ("rotated", "permuted", "label_swap")
+PLANTED_KINDS = SINGLE_PLANTED_KINDS + SHIFT_KINDS
+_TAKES_ARG = {"dirichlet": float, "shards": int, **{kind: int for kind in PLANTED_KINDS}}
 ALLOWED = "iid, dirichlet:ALPHA, shards:C, fedprox-mnist, ditto-fmnist, natural, rotated:R, " \
-    "permuted:R, label_swap:R (a planted one may be joined to a label one with +, e.g. " \
-    "rotated:4+dirichlet:0.5, and sized by proportions, e.g. rotated:4/4,3,2,1)"
+    "permuted:R, label_swap:R, shift_x:R@S, shift_y:R@S, shift_y_given_x:R@S, " \
+    "shift_x_given_y:R@S (a planted one may be joined to a label one with +, e.g. " \
+    "rotated:4+dirichlet:0.5, and sized by proportions, e.g. rotated:4/4,3,2,1; the shift_* " \
+    "ones also to each other, e.g. shift_x:4@0.5+shift_y:4@0.5)"
+
+
+class Planted(NamedTuple):
+    """One planted recipe: its kind, and for a ``shift_*`` kind its strength in (0, 1]."""
+
+    kind: str  # one of PLANTED_KINDS
+    strength: Optional[float] = None
 
 
 class Partition(NamedTuple):
     kind: str  # one of BASE_KINDS
     arg: Optional[float] = None  # alpha for dirichlet, classes per client for shards
-    planted: Optional[str] = None  # one of PLANTED_KINDS
+    planted: tuple[Planted, ...] = ()  # on the same R groups; empty: none planted
     clusters: int = 0  # R
     shares: tuple[float, ...] = ()  # the planted clusters' proportions (empty: equal)
+
+    @property
+    def shifts(self) -> tuple[tuple[str, float], ...]:
+        """(kind, strength) of the planted ``shift_*`` recipes."""
+        return tuple((p.kind, p.strength) for p in self.planted if p.kind in SHIFT_KINDS)
+
+    def planted_kind(self, kind: str) -> bool:
+        return any(p.kind == kind for p in self.planted)
 
     def __str__(self) -> str:
         base = self.kind if self.arg is None else f"{self.kind}:{self.arg:g}"
         sized = "/" + ",".join(f"{s:g}" for s in self.shares) if self.shares else ""
-        return f"{self.planted}:{self.clusters}{sized}+{base}" if self.planted else base
+        parts = [f"{p.kind}:{self.clusters}{sized if i == 0 else ''}"
+                 + (f"@{p.strength:g}" if p.strength is not None else "")
+                 for i, p in enumerate(self.planted)]
+        return "+".join(parts + [base]) if parts else base
 
 
 def _parse_shares(kind: str, value: str, part: str, spec: str) -> tuple[str, tuple]:
@@ -52,14 +79,35 @@ def _parse_shares(kind: str, value: str, part: str, spec: str) -> tuple[str, tup
     return count, weights
 
 
-def _parse_part(part: str, spec: str) -> tuple[str, Optional[float], tuple]:
+def _parse_strength(kind: str, value: str, part: str) -> tuple[str, Optional[float]]:
+    """``4@0.5`` -> ("4", 0.5) for a shift kind (no ``@``: the default strength); a strength on
+    another kind, or one outside (0, 1], is refused."""
+    value, at, strength = value.partition("@")
+    if kind not in SHIFT_KINDS:
+        if at:
+            raise ConfigError(f"only the shift_* recipes take a strength (@S), got {part!r}")
+        return value, None
+    if not at:
+        return value, DEFAULT_STRENGTH
+    try:
+        number = float(strength)
+    except ValueError:
+        number = math.nan
+    if not 0 < number <= 1:
+        raise ConfigError(f"the strength of {kind} must be a number in (0, 1], as in "
+                          f"{kind}:4@0.5; got {strength!r} in {part!r}")
+    return value, number
+
+
+def _parse_part(part: str, spec: str) -> tuple[str, Optional[float], tuple, Optional[float]]:
     kind, _, value = part.strip().partition(":")
     if kind not in BASE_KINDS + PLANTED_KINDS:
         raise ConfigError(f"unknown partition {part!r} in {spec!r}; allowed: {ALLOWED}")
     if kind not in _TAKES_ARG:
         if value:
             raise ConfigError(f"partition {kind!r} takes no value, got {part!r}")
-        return kind, None, ()
+        return kind, None, (), None
+    value, strength = _parse_strength(kind, value, part)
     value, shares = _parse_shares(kind, value, part, spec)
     try:
         number = _TAKES_ARG[kind](value)
@@ -73,7 +121,7 @@ def _parse_part(part: str, spec: str) -> tuple[str, Optional[float], tuple]:
         raise ConfigError(f"dirichlet alpha must be > 0, got {number:g}")
     if kind != "dirichlet" and number < 1:
         raise ConfigError(f"partition {kind} needs a count >= 1, got {number}")
-    return kind, number, shares
+    return kind, number, shares, strength
 
 
 def parse_partition(spec: str) -> Partition:
@@ -81,14 +129,26 @@ def parse_partition(spec: str) -> Partition:
     parts = [_parse_part(p, spec) for p in spec.split("+")]
     planted = [p for p in parts if p[0] in PLANTED_KINDS]
     base = [p for p in parts if p[0] in BASE_KINDS]
-    if len(planted) > 1 or len(base) > 1:
+    single = [p for p in planted if p[0] in SINGLE_PLANTED_KINDS]
+    if len(base) > 1 or (single and len(planted) > 1):
         raise ConfigError(
-            f"partition {spec!r} may join at most one planted (rotated/permuted/label_swap) "
-            "and one label partition"
+            f"partition {spec!r} may join at most one planted recipe (rotated/permuted/"
+            "label_swap) or shift_* recipes, and one label partition"
         )
+    kinds = [p[0] for p in planted]
+    if len(set(kinds)) < len(kinds):
+        raise ConfigError(f"partition {spec!r} names a shift twice; join each kind once")
+    if len({int(p[1]) for p in planted}) > 1:
+        raise ConfigError(f"the shifts joined in {spec!r} must plant the same number of groups "
+                          f"R, got {', '.join(f'{p[0]}:{int(p[1])}' for p in planted)}")
+    sized = {p[2] for p in planted if p[2]}
+    if len(sized) > 1:
+        raise ConfigError(f"the shifts joined in {spec!r} give different group proportions; "
+                          "give them once")
     kind, arg = base[0][:2] if base else ("iid", None)
     if planted:
         if kind == "natural":
             raise ConfigError("planted clusters cannot be joined to the natural (per-user) split")
-        return Partition(kind, arg, planted[0][0], int(planted[0][1]), planted[0][2])
+        return Partition(kind, arg, tuple(Planted(p[0], p[3]) for p in planted),
+                         int(planted[0][1]), sized.pop() if sized else ())
     return Partition(kind, arg)

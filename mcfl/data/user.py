@@ -25,9 +25,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from mcfl.data import partition
+from mcfl.data import partition, shifts
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.federated import MAX_CLASSES, FederatedDataset, from_owner, from_splits
+from mcfl.data.shifts import SHIFT_KINDS
 from mcfl.data.spec import PLANTED_KINDS, parse_partition
 from mcfl.errors import DataError
 
@@ -132,21 +133,31 @@ def plant(dataset: FederatedDataset, recipe: str, seed: int = 0) -> FederatedDat
     cluster 0 is left as it is): ``rotated:R`` turns images by r * 360 / R degrees (square
     ones: features [H, H], [H, H, C], or H*H values turned as an H x H image), ``permuted:R``
     relabels by the r-th of R label permutations, ``label_swap:R`` exchanges the r-th
-    cluster's pairs of labels (`partition.label_swaps`). A dataset that already has planted
-    clusters is refused."""
+    cluster's pairs of labels (`partition.label_swaps`). The shifts ``shift_x:R@S``,
+    ``shift_y_given_x:R@S`` and ``shift_x_given_y:R@S`` (`mcfl.data.shifts`, joined with + if
+    wanted) transform rows the same way; ``shift_y`` decides which rows clients hold, so it
+    cannot apply to clients already split. A dataset that already has planted clusters is
+    refused."""
     if not isinstance(dataset, FederatedDataset):
         raise DataError(f"plant needs a FederatedDataset (e.g. from from_clients), got "
                         f"{type(dataset).__name__}")
     part = parse_partition(recipe) if isinstance(recipe, str) else None
-    if part is None or part.planted is None or "+" in recipe:
-        kinds = ", ".join(f"{kind}:R" for kind in PLANTED_KINDS)
-        raise DataError(f"plant takes a planted recipe ({kinds}), got {recipe!r}")
+    if part is None or not part.planted or recipe.count("+") + 1 > len(part.planted):
+        kinds = ", ".join(f"{kind}:R" + ("@S" if kind in SHIFT_KINDS else "")
+                          for kind in PLANTED_KINDS)
+        raise DataError(f"plant takes planted recipes alone ({kinds}), got {recipe!r}")
+    if part.planted_kind("shift_y"):
+        raise DataError(f"shift_y decides which rows each client holds, so it cannot be planted "
+                        f"on clients already split (dataset {dataset.name!r}); give pooled rows "
+                        "(LabelledArrays) and a partition instead")
     if dataset.true_cluster is not None:
         raise DataError(f"dataset {dataset.name!r} already has planted clusters (true_cluster); "
                         "plant clusters on a dataset without them")
     _check_seed(seed)
-    recipe = f"{part.planted}:{part.clusters}"
-    shape = _rotatable_shape(dataset, recipe) if part.planted == "rotated" else None
+    recipe = str(part).removesuffix("+iid")
+    turns = part.planted_kind("rotated") or part.planted_kind("shift_x") \
+        or part.planted_kind("shift_x_given_y")
+    shape = _rotatable_shape(dataset, recipe) if turns else None
     rng = np.random.default_rng(seed)
     true = partition.planted_cluster_ids(dataset.num_clients, part.clusters, rng, part.shares)
     a, count = dataset.arrays, dataset.num_clients
@@ -158,8 +169,12 @@ def plant(dataset: FederatedDataset, recipe: str, seed: int = 0) -> FederatedDat
     cut = int(held[:len(a.y_train)].sum())
     owner = owner[held]
     images = x.reshape(len(x), *shape) if shape is not None else x
-    images, y = partition.plant_rows(part.planted, images, y, true[owner], part.clusters,
-                                     dataset.num_classes, rng)
+    if part.shifts:
+        images, y = shifts.shift_rows(part.shifts, images, y, true[owner], part.clusters,
+                                      dataset.num_classes, rng)
+    else:
+        images, y = partition.plant_rows(part.planted[0].kind, images, y, true[owner],
+                                         part.clusters, dataset.num_classes, rng)
     x = images.reshape(x.shape)
     return from_splits(f"{dataset.name}/{recipe}", (x[:cut], y[:cut], owner[:cut]),
                        (x[cut:], y[cut:], owner[cut:]), count, dataset.num_classes,

@@ -22,7 +22,7 @@ import numpy as np
 
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
-from mcfl.runs.evaluation import aggregate, client_metrics, smallest_group_accuracy
+from mcfl.runs.evaluation import aggregate, client_metrics, group_accuracies
 from mcfl.runs.records import MemberRecord, add_communication, cluster_metrics
 
 
@@ -130,7 +130,7 @@ def _evaluate(program, values, state, dataset: FederatedDataset, records, fresh,
         scores = client_metrics(own, np.asarray(test_counts[m]))
         rows[-1].update(aggregate(scores))
         if dataset.true_cluster is not None:
-            rows[-1].update(smallest_group_accuracy(scores, dataset.true_cluster))
+            rows[-1].update(group_accuracies(scores, dataset.true_cluster))
         if assigned is not None:
             assignment = np.asarray(assigned[m])
             rows[-1].update(cluster_metrics(assignment, dataset.true_cluster))

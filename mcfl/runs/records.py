@@ -151,7 +151,7 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
         out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
             if rows and "clients_reported" in rows[-1] else None
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance",
-                "smallest_group_accuracy"):
+                "worst_group_accuracy", "smallest_group_accuracy"):
         if rows and key in rows[-1]:
             out[key] = rows[-1][key]
     out["wall_seconds"] = time.perf_counter() - started

@@ -330,7 +330,7 @@ def _run(
             later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
                                           if dataset.true_cluster is not None else ())
         if dataset.true_cluster is not None:  # (evaluated rounds: the planted groups')
-            later += ("smallest_group_accuracy",)
+            later += ("worst_group_accuracy", "smallest_group_accuracy")
         # Compile every program the run needs before the first round (from JAX's persistent cache
         # when it holds them), so that round times are training alone.
         program.compile_rounds({}, state, rounds_key, data)

@@ -24,8 +24,8 @@ from mcfl.files.figures import save_figure
 from mcfl.runs.records import EVAL_KEYS, PAPER_SCORE, outcome
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
-    PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi", "smallest_group_accuracy",
-    "dp_epsilon")
+    PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi", "worst_group_accuracy",
+    "smallest_group_accuracy", "dp_epsilon")
 
 
 def member_row(index: int, point, seed: int, data_seed: int, status: str,
@@ -35,7 +35,7 @@ def member_row(index: int, point, seed: int, data_seed: int, status: str,
                            "data_seed": data_seed, "status": status,
                            "rounds_completed": len(rows)}
     out.update(outcome(rows))
-    for key in ("cluster_ari", "cluster_nmi", "smallest_group_accuracy",
+    for key in ("cluster_ari", "cluster_nmi", "worst_group_accuracy", "smallest_group_accuracy",
                 "dp_epsilon"):  # of the last evaluated round (epsilon: the last round)
         values = [r[key] for r in rows if key in r]
         if values:
