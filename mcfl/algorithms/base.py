@@ -138,7 +138,13 @@ class ClientModels(NamedTuple):
     per-client rows, whose `ClientState.models` makes them. `apply` evaluates them when the
     model's own does not (FedEM's mixtures); `data` is the data as the clients hold it now (a
     distribution shift's view); `train_from` is (models, index) a client trains from in the
-    closing embedding when those are not the evaluated ones (FedEM's components)."""
+    closing embedding when those are not the evaluated ones (FedEM's components).
+    `newcomers` is ``(models [M, ...], assign)`` for a client that never trained
+    (`mcfl.data.unseen`): the models it may be served with (the K clusters', the global one)
+    and, for an algorithm with its own label-free rule (FLUX's descriptors), ``assign(data of
+    such clients) -> [U]`` indices into them (None: the most confident is chosen,
+    `mcfl.engine.newcomers`). Without it, an algorithm evaluating every client with one global
+    model serves newcomers that model, and one with models per client serves them none."""
 
     models: Any = None
     index: Optional[jax.Array] = None
@@ -146,6 +152,7 @@ class ClientModels(NamedTuple):
     apply: Optional[Callable] = None
     data: Any = None
     train_from: Optional[tuple] = None
+    newcomers: Optional[tuple] = None
 
 
 class PopulationStart(NamedTuple):

@@ -84,9 +84,10 @@ def cluster_client_models(state: ClusterState, data=None) -> ClientModels:
     """The models clients are evaluated with and each client's row of them: its cluster's, or
     with `received` kept, its own last received model."""
     del data
+    newcomers = (state.models, None)  # a client that never trained: any cluster's model
     if state.received is not None:
-        return shared_models(*own_models(state.received))
-    return shared_models(state.models, state.assignment)
+        return shared_models(*own_models(state.received), newcomers=newcomers)
+    return shared_models(state.models, state.assignment, newcomers=newcomers)
 
 
 def cluster_sizes(assignment: jax.Array, num_clusters: int) -> jax.Array:

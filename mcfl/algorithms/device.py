@@ -136,6 +136,22 @@ def scan_rounds(device: OnDevice, hp: Hyperparams, state: DeviceState, data,
     return jax.lax.scan(body, state, rounds)
 
 
+def newcomer_models(algorithm: FederatedAlgorithm, state, data, unseen):
+    """(models [M, ...], index [U] or None) a client that never trained may be served with
+    (`ClientModels.newcomers`, its index from the algorithm's own rule where it has one; without
+    them, the one global model an algorithm evaluates every client with), `unseen` being the
+    data of such clients; None for an algorithm whose clients are served by models of their own
+    (Local, FedRep, FedEM's mixtures)."""
+    described = algorithm.client_models(state, data)
+    if described.newcomers is not None:
+        models, assign = described.newcomers
+        return models, None if assign is None else assign(unseen)
+    if (described.models is None or described.index is not None
+            or described.of_clients is not None or described.apply is not None):
+        return None
+    return described.models, None
+
+
 def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
                       state: DeviceState, data):
     """Per-client test counts of the models `algorithm` evaluates each client with (on the

@@ -348,11 +348,13 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False) -> FederatedAlgo
 
     def client_models(state, data):
         del data
+        newcomers = (state.models, None)  # a client that never trained: any group's model
         if state.received is not None:  # last_received: each client its own
-            return shared_models(*own_models(state.received))
+            return shared_models(*own_models(state.received), newcomers=newcomers)
         # Clients outside every group are evaluated with W_0, appended as model K.
         return shared_models(with_w0(state.models, state.w0),
-                             jnp.where(state.assignment < 0, num_groups, state.assignment))
+                             jnp.where(state.assignment < 0, num_groups, state.assignment),
+                             newcomers=newcomers)
 
     # (the first of the round key's four parts samples the clients)
     return clustered_algorithm(

@@ -251,7 +251,8 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         models = jax.tree.map(lambda g, s: jnp.concatenate([g[None], s]), shared.global_model,
                               shared.slots)
         index = (shared.slot_of[shared.cluster_of] + 1).astype(jnp.int32)
-        return ClientModels(train_from=(models, index))
+        # a client that never trained: the global model or any cluster's
+        return ClientModels(train_from=(models, index), newcomers=(models, None))
 
     return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
                               lambda shared: shared.slot_of[shared.cluster_of],

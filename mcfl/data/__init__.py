@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from mcfl.data import cache, partition, registry, shifts
+from mcfl.data import cache, partition, registry, shifts, unseen
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.export import read_true_cluster
 from mcfl.data.fedem_synthetic import generate_fedem_synthetic
@@ -241,6 +241,16 @@ def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None
         return config, None
     dataset = load_dataset(config, cache_dir)
     return config.replace(clients=dataset.num_clients), dataset
+
+
+def with_held_out(dataset: FederatedDataset, config: RunConfig) -> FederatedDataset:
+    """`dataset` with ``config.unseen_share`` of its clients held out of training
+    (`mcfl.data.unseen`, seeded by the data seed); as it is without a share."""
+    if config.unseen_share is None:
+        return dataset
+    if dataset.unseen is not None:
+        raise DataError(f"dataset {dataset.name!r} already holds clients out of training")
+    return unseen.with_unseen(dataset, config.unseen_share, data_seed(config))
 
 
 def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None) -> FederatedDataset:

@@ -100,6 +100,8 @@ class FederatedDataset:
     client_ids: tuple[str, ...]
     feature_shape: tuple[int, ...]
     true_cluster: Optional[np.ndarray] = None  # [C] planted cluster id, where known
+    # clients held out of training, scored at evaluation (`mcfl.data.unseen`)
+    unseen: Optional[FederatedDataset] = None
 
     @property
     def num_clients(self) -> int:

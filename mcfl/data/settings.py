@@ -59,12 +59,16 @@ class DataSettings:
                                      "differ", minimum=0)
     synthetic_beta: float = setting(1.0, "Synthetic(alpha, beta): how much local inputs differ",
                                     minimum=0)
+    unseen_share: Optional[float] = setting(
+        None, "share of the clients held out of training and scored at every evaluation with "
+        "a model chosen without their labels (mcfl.data.unseen); default none", above=0, below=1)
 
 
 # The settings that shape a dataset, besides its seed (`download` only says where it may come
-# from): a prepared dataset is cached under them.
+# from; `unseen_share` splits the dataset once built, `mcfl.data.unseen`): a prepared dataset
+# is cached under them.
 DATA_FIELDS = tuple(f.name for f in dataclasses.fields(DataSettings)
-                    if f.name not in ("data_seed", "download"))
+                    if f.name not in ("data_seed", "download", "unseen_share"))
 
 
 def default_clients(dataset: str) -> int:

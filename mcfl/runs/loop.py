@@ -116,6 +116,45 @@ def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, co
     return rows
 
 
+UNSEEN_KEYS = ("unseen_accuracy_micro", "unseen_accuracy_macro")
+UNSEEN_GROUP_KEYS = ("unseen_worst_group_accuracy",)
+UNSEEN_CLUSTER_KEYS = ("unseen_cluster_ari", "unseen_cluster_nmi")
+
+
+def _unseen_scores(program, values, state, dataset: FederatedDataset) -> Optional[list[dict]]:
+    """Per member, the scores of the clients held out of training (`mcfl.data.unseen`), each
+    served the model its algorithm offers a newcomer without reading its labels: micro and
+    macro accuracy, the worst planted group's, and for a clustered algorithm the agreement
+    (ARI, NMI) of the models they were served with their planted groups. None without held-out
+    clients, or for an algorithm with nothing to serve them."""
+    if dataset.unseen is None:
+        return None
+    found = program.evaluate_unseen(values, state, dataset.arrays, dataset.unseen.arrays)
+    if found is None:
+        return None
+    if not program.members:
+        found = jax.tree.map(lambda a: np.asarray(a)[None], found)
+    counts, test_counts, served = found
+    true = dataset.unseen.true_cluster
+    out = []
+    for m in range(len(test_counts)):
+        scores = client_metrics(jax.tree.map(lambda a, m=m: a[m], counts),
+                                np.asarray(test_counts[m]))
+        totals = aggregate(scores)
+        row = {"unseen_accuracy_micro": totals["accuracy_micro"],
+               "unseen_accuracy_macro": totals["accuracy_macro"]}
+        if true is not None:
+            worst = group_accuracies(scores, true).get("worst_group_accuracy")
+            if worst is not None:
+                row["unseen_worst_group_accuracy"] = worst
+            if program.clustered:
+                agreement = cluster_metrics(np.asarray(served[m]), true)
+                row["unseen_cluster_ari"] = agreement["cluster_ari"]
+                row["unseen_cluster_nmi"] = agreement["cluster_nmi"]
+        out.append(row)
+    return out
+
+
 def _evaluate(program, values, state, dataset: FederatedDataset, records, fresh, last: int,
               keep: bool) -> None:
     """Evaluate every member; add the scores to each running member's last row."""
@@ -123,9 +162,12 @@ def _evaluate(program, values, state, dataset: FederatedDataset, records, fresh,
     if not program.members:  # one member: give it the member axis
         counts, test_counts, assigned = jax.tree.map(lambda a: np.asarray(a)[None],
                                                      (counts, test_counts, assigned))
+    newcomers = _unseen_scores(program, values, state, dataset)
     for m, (record, rows) in enumerate(zip(records, fresh)):
         if not record.running:
             continue
+        if newcomers is not None:
+            rows[-1].update(newcomers[m])
         own = jax.tree.map(lambda a, m=m: a[m], counts)
         scores = client_metrics(own, np.asarray(test_counts[m]))
         rows[-1].update(aggregate(scores))

@@ -37,9 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
-from mcfl.algorithms.device import evaluation_counts, on_device, scan_rounds
+from mcfl import engine
+from mcfl.algorithms.device import evaluation_counts, newcomer_models, on_device, scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
+from mcfl.engine.newcomers import most_confident
 from mcfl.errors import ConfigError
 from mcfl.runs.evaluation import ClientMetrics, client_metrics
 from mcfl.runs.execution import RunPlan
@@ -158,10 +160,24 @@ class RoundProgram:
             assigned = algorithm.assignments(state.algorithm) if self.clustered else None
             return counts, test_counts, assigned
 
+        def evaluate_unseen_(values, state, data, unseen):
+            del values
+            offered = newcomer_models(algorithm, state.algorithm, data, unseen)
+            if offered is None:  # per-client models: nothing to serve a newcomer with
+                return None
+            models, index = offered
+            if index is None:
+                index = most_confident(plan.model.apply, unseen, models, plan.eval_block)
+            counts = engine.evaluate_counts(plan.model.apply, unseen, models, index,
+                                            plan.eval_block)
+            return counts, unseen.test_counts, index
+
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
                 else lambda fn, batched: fn)
         self._init = jax.jit(lift(init, (True, True, False)), **jit_options)
         self._evaluate = jax.jit(lift(evaluate_, (True, True, False)), **jit_options)
+        self._evaluate_unseen = jax.jit(lift(evaluate_unseen_, (True, True, False, False)),
+                                        **jit_options)
         # The state is donated: an algorithm that updates part of a large state (Local's
         # [C, ...] models) does it in place instead of copying it every round.
         self._rounds = {count: jax.jit(lift(functools.partial(rounds, count),
@@ -250,6 +266,12 @@ class RoundProgram:
     def evaluate(self, values, state, data):
         """(counts, test_counts, assignments or None) on the host."""
         return jax.device_get(self._compiled["evaluate"][1](values, state, data))
+
+    def evaluate_unseen(self, values, state, data, unseen):
+        """(counts, test_counts, the model index each was served) of the held-out clients
+        `unseen` (`mcfl.data.unseen`), on the host; None when the algorithm has no model to
+        serve a client that never trained."""
+        return jax.device_get(self._evaluate_unseen(values, state, data, unseen))
 
     rows_kept = False  # client rows in a host or disk store (`StoredProgram`)
     start_streamed = False  # init trains every client through a host or disk store

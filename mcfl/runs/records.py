@@ -134,6 +134,9 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
             "train_samples": int(dataset.train_counts().sum()),
             "test_samples": int(dataset.test_counts().sum()),
             "num_classes": dataset.num_classes,
+            **({} if dataset.unseen is None else
+               {"unseen_clients": dataset.unseen.num_clients,
+                "unseen_test_samples": int(dataset.unseen.test_counts().sum())}),
         },
         "num_params": plan.params_count,
         "clients_per_round": plan.clients_per_round,
@@ -151,7 +154,9 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
         out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
             if rows and "clients_reported" in rows[-1] else None
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance",
-                "worst_group_accuracy", "smallest_group_accuracy"):
+                "worst_group_accuracy", "smallest_group_accuracy", "unseen_accuracy_micro",
+                "unseen_accuracy_macro", "unseen_worst_group_accuracy", "unseen_cluster_ari",
+                "unseen_cluster_nmi"):
         if rows and key in rows[-1]:
             out[key] = rows[-1][key]
     out["wall_seconds"] = time.perf_counter() - started

@@ -25,7 +25,7 @@ import numpy as np
 from mcfl import engine
 from mcfl.algorithms import hyperparams
 from mcfl.config import RunConfig, from_dict
-from mcfl.data import FederatedDataset, load_dataset, with_all_users
+from mcfl.data import FederatedDataset, load_dataset, with_all_users, with_held_out
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.files import checkpoint, faults
 from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
@@ -35,7 +35,14 @@ from mcfl.privacy import canaries
 from mcfl.runs import records
 from mcfl.runs.embedding import embedding_for_run
 from mcfl.runs.execution import RunPlan, client_mesh, plan_run, run_keys
-from mcfl.runs.loop import LoopHooks, client_scores, run_rounds
+from mcfl.runs.loop import (
+    UNSEEN_CLUSTER_KEYS,
+    UNSEEN_GROUP_KEYS,
+    UNSEEN_KEYS,
+    LoopHooks,
+    client_scores,
+    run_rounds,
+)
 from mcfl.runs.program import RoundProgram
 from mcfl.runs.records import MemberRecord
 from mcfl.runs.resume import restore, resume_settings, resumed_config
@@ -168,6 +175,7 @@ def run(
             f"the dataset passed has {dataset.num_clients} clients but the config says "
             f"clients={config.clients}; build it from the same config"
         )
+    dataset = with_held_out(dataset, config)  # (the clients that never train: --unseen-share)
     plan = plan_run(config, dataset, model)  # a model that does not fit the data: refused here
     # The data are ready: now the folder is made (or, replacing a run, its staging sibling).
     target = RunTarget(Path(out_dir)) if writes and resume is None else None
@@ -331,6 +339,10 @@ def _run(
                                           if dataset.true_cluster is not None else ())
         if dataset.true_cluster is not None:  # (evaluated rounds: the planted groups')
             later += ("worst_group_accuracy", "smallest_group_accuracy")
+        if dataset.unseen is not None:  # (evaluated rounds: the held-out clients')
+            later += UNSEEN_KEYS
+            if dataset.unseen.true_cluster is not None:
+                later += UNSEEN_GROUP_KEYS + (UNSEEN_CLUSTER_KEYS if program.clustered else ())
         # Compile every program the run needs before the first round (from JAX's persistent cache
         # when it holds them), so that round times are training alone.
         program.compile_rounds({}, state, rounds_key, data)

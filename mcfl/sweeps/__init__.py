@@ -22,7 +22,7 @@ from typing import Any, Optional
 import jax
 
 from mcfl.config import RunConfig, from_dict
-from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users
+from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users, with_held_out
 from mcfl.errors import ConfigError
 from mcfl.files import atomic, checkpoint
 from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
@@ -472,18 +472,22 @@ def _restore(folder: Path, place: dict, state, rounds_keys, records: list[Member
 
 def _dataset_for(grp: Group, built: dict, given: Optional[FederatedDataset],
                  cache_dir) -> FederatedDataset:
-    """The group's dataset: built once per data config and data seed."""
+    """The group's dataset: built once per data config and data seed (its held-out clients,
+    `--unseen-share`, once per share)."""
     config = grp.base
     if given is not None:
         if given.num_clients != config.clients:
             raise ConfigError(f"the dataset passed has {given.num_clients} clients but the "
                               f"sweep's config says clients={config.clients}")
-        return given
+        return with_held_out(given, config)
     key = tuple((name, repr(getattr(config, name))) for name in DATA_FIELDS) + (
         ("data_seed", config.data_seed),)
     if key not in built:
         built[key] = load_dataset(config, cache_dir)
-    return built[key]
+    held_key = key + (("unseen_share", config.unseen_share),)
+    if held_key not in built:
+        built[held_key] = with_held_out(built[key], config)
+    return built[held_key]
 
 
 def _group_settings(grp: Group) -> dict[str, Any]:

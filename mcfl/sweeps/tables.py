@@ -25,7 +25,8 @@ from mcfl.runs.records import EVAL_KEYS, PAPER_SCORE, outcome
 
 SUMMARY_METRICS = tuple(f"{when}_{key}" for key in EVAL_KEYS for when in ("final", "best")) + (
     PAPER_SCORE, "final_train_loss", "cluster_ari", "cluster_nmi", "worst_group_accuracy",
-    "smallest_group_accuracy", "dp_epsilon")
+    "smallest_group_accuracy", "unseen_accuracy_micro", "unseen_worst_group_accuracy",
+    "unseen_cluster_ari", "dp_epsilon")
 
 
 def member_row(index: int, point, seed: int, data_seed: int, status: str,
@@ -36,6 +37,7 @@ def member_row(index: int, point, seed: int, data_seed: int, status: str,
                            "rounds_completed": len(rows)}
     out.update(outcome(rows))
     for key in ("cluster_ari", "cluster_nmi", "worst_group_accuracy", "smallest_group_accuracy",
+                "unseen_accuracy_micro", "unseen_worst_group_accuracy", "unseen_cluster_ari",
                 "dp_epsilon"):  # of the last evaluated round (epsilon: the last round)
         values = [r[key] for r in rows if key in r]
         if values:
