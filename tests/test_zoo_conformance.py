@@ -29,7 +29,7 @@ from mcfl.models import make_model
 
 PER_ROUND, ROUNDS = 4, 2
 # gradient-stepping algorithms refuse a model with batch statistics (a one-line error)
-REFUSED = {("fedsgd", "cnn-cifar-bn"), ("feddane", "cnn-cifar-bn")}
+REFUSED = {("fedsgd", "cnn-cifar-bn"), ("feddane", "cnn-cifar-bn"), ("cflgp", "cnn-cifar-bn")}
 
 
 # (model, algorithm) pairs of the default run; the others are marked zoo_full

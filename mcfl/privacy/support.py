@@ -64,6 +64,8 @@ REFUSED: dict[str, str] = {
     "fesem_ma": "its server reads each client's trained model (E-step and matched averaging)",
     "cfl": "its server bipartitions clients by the cosine similarities of their individual "
            "updates",
+    "cflgp": "its server clusters clients by the gradients each one sends (its gradient "
+             "profile)",
     "fedgroup": "its server groups clients by the directions of their individual updates "
                 "(EDC)",
     "flexcfl": "its server groups clients by the directions of their individual updates (EDC)",
