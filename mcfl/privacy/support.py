@@ -66,6 +66,8 @@ REFUSED: dict[str, str] = {
            "updates",
     "cflgp": "its server clusters clients by the gradients each one sends (its gradient "
              "profile)",
+    "flux": "its server clusters clients by the descriptor each one sends (the moments of its "
+            "data's latent features, per class)",
     "fedgroup": "its server groups clients by the directions of their individual updates "
                 "(EDC)",
     "flexcfl": "its server groups clients by the directions of their individual updates (EDC)",
