@@ -39,6 +39,7 @@ from mcfl.algorithms import stocfl as _stocfl  # noqa: F401
 from mcfl.algorithms import cfl as _cfl  # noqa: F401
 from mcfl.algorithms import cflgp as _cflgp  # noqa: F401
 from mcfl.algorithms import flux as _flux  # noqa: F401
+from mcfl.algorithms import fedgwc as _fedgwc  # noqa: F401
 from mcfl.algorithms import robust as _robust  # noqa: F401
 from mcfl.algorithms import flhc as _flhc  # noqa: F401
 from mcfl.algorithms import pacfl as _pacfl  # noqa: F401

@@ -142,11 +142,13 @@ def _training_block_fn(training, data, key, start_models, exchange, capacity=Non
         anchor = start
         if "anchor" in inp:
             anchor = jax.tree.map(lambda m: m[inp["anchor"]], start_models)
+        step_losses = None
         if capacity is None:
-            trained, loss_sum, taken = local_train(
+            trained, loss_sum, taken, *recorded = local_train(
                 training, data, key, start, anchor, inp["client"], inp["steps"], loop_length,
                 inp["prox_scale"], masked=not alone, correction=inp.get("correction"),
             )
+            step_losses = recorded[0] if recorded else None
         else:
             trained, loss_sum, taken = local_train_factored(
                 training, data, key, start, inp["client"], inp["steps"], loop_length,
@@ -157,6 +159,7 @@ def _training_block_fn(training, data, key, start_models, exchange, capacity=Non
             steps=taken,
             update_norm=jnp.sqrt(squared_distance(trained, start)),
             sq_norm=sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(trained)),
+            step_losses=step_losses,
         )
         own = (local_part(trained, training.collections) if "own" in inp else None)
         return trained, (stats, own)
@@ -177,11 +180,11 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
     if layers is None and training.factored is not None:
         layers = (training.factored.name,)
     if (not training.plain_sgd or layers is None or training.train_apply is not None
-            or training.objective is not None):
+            or training.objective is not None or training.record_losses):
         if training.low_rank == "on":
             raise ValueError("the low-rank path needs plain SGD on a dense ReLU stack or a "
                              "model with one large dense layer (the CNNs), without a train "
-                             "mode (dropout, batch norm)")
+                             "mode (dropout, batch norm) or recorded step losses")
         return None
     if training.local_steps is not None:
         capacity = training.local_steps

@@ -84,6 +84,10 @@ class LocalTraining(flax.struct.PyTreeNode):
     # whatever the clients train (APFL's (w, v, alpha), pFedMe's (w, theta)); the optimizer and
     # the proximal term act on it as on a model. Trains on the per-client path.
     objective: Optional[Callable] = flax.struct.field(pytree_node=False, default=None)
+    # Record the minibatch loss of each of the first `record_losses` steps (taken before the
+    # step, as it is summed into the mean) in `ClientStats.step_losses`: FedGWC's loss curves.
+    # 0 records nothing (the default program). Trains on the per-client path.
+    record_losses: int = flax.struct.field(pytree_node=False, default=0)
 
     def transform(self) -> optax.GradientTransformation:
         """The clients' optax optimizer (weight decay as an L2 gradient term before it: wd * W
@@ -125,6 +129,9 @@ class ClientStats(NamedTuple):
     # 1.0 for the clients that report, 0.0 for a Poisson round's empty slots (which train but
     # send nothing: `mcfl.privacy.sampling`); None: all report
     reported: Optional[jax.Array] = None
+    # [S, L] each step's minibatch loss, 0 after the steps taken (`LocalTraining.record_losses`
+    # L > 0); None: not recorded
+    step_losses: Optional[jax.Array] = None
 
 
 def ceil_div(a, b):
@@ -197,7 +204,8 @@ def local_train(
     client, Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
     step's gradient gains c (FedDANE's gradient correction).
     Returns the trained parameters, the summed training loss of the real steps, and the number
-    of steps that changed the parameters (counted, not assumed).
+    of steps that changed the parameters (counted, not assumed); with ``training.record_losses``
+    L > 0, also the [L] losses of the first L steps (0 after the real ones).
     """
     if training.train_apply is not None:
         if training.objective is not None:
@@ -221,7 +229,7 @@ def local_train(
     shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
 
     def step(s, carry):
-        p, opt_state, loss_sum, taken = carry
+        p, opt_state, loss_sum, taken, record = carry
         rows, mask = step_rows_keyed(shuffle_keys, data, client, s, batch)
         (_, loss), grads = jax.value_and_grad(objective, has_aux=True)(
             p, data.x_train[rows], data.y_train[rows], mask
@@ -230,16 +238,33 @@ def local_train(
             grads = jax.tree.map(jnp.add, grads, correction)
         updates, new_opt_state = optimizer.update(grads, opt_state, p)
         if not masked:
-            return optax.apply_updates(p, updates), new_opt_state, loss_sum + loss, taken + 1
+            return (optax.apply_updates(p, updates), new_opt_state, loss_sum + loss, taken + 1,
+                    _recorded(record, s, loss))
         active = s < num_steps
         p = _select(active, optax.apply_updates(p, updates), p)
         opt_state = _select(active, new_opt_state, opt_state)
-        return p, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
+        loss = jnp.where(active, loss, 0.0)
+        return p, opt_state, loss_sum + loss, taken + active, _recorded(record, s, loss)
 
     zero = jnp.zeros((), jnp.int32)
-    init = (params, optimizer.init(params), jnp.zeros((), jnp.float32), zero)
-    params, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
-    return params, loss_sum, taken
+    init = (params, optimizer.init(params), jnp.zeros((), jnp.float32), zero,
+            _record(training))
+    params, _, loss_sum, taken, record = jax.lax.fori_loop(0, loop_length, step, init)
+    return (params, loss_sum, taken) + (() if record is None else (record,))
+
+
+def _record(training: LocalTraining):
+    """The loop's record of step losses: [L] zeros (`LocalTraining.record_losses`), or None."""
+    if not training.record_losses:
+        return None
+    return jnp.zeros((training.record_losses,), jnp.float32)
+
+
+def _recorded(record, s, loss):
+    """`record` with step `s`'s loss written (steps past its length are not kept)."""
+    if record is None:
+        return None
+    return record.at[s].set(loss, mode="drop")
 
 
 def dropout_key(round_key: jax.Array, client, step) -> jax.Array:
@@ -271,7 +296,7 @@ def _local_train_stateful(training, data, key, model, anchor, client, num_steps,
     shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
 
     def step(s, carry):
-        m, opt_state, loss_sum, taken = carry
+        m, opt_state, loss_sum, taken, record = carry
         rows, mask = step_rows_keyed(shuffle_keys, data, client, s, batch)
         p = trainable_part(m, collections)
         (_, (loss, updated)), grads = jax.value_and_grad(objective, has_aux=True)(
@@ -281,17 +306,19 @@ def _local_train_stateful(training, data, key, model, anchor, client, num_steps,
         updates, new_opt_state = optimizer.update(grads, opt_state, p)
         new_model = with_trainable_part(updated, optax.apply_updates(p, updates), collections)
         if not masked:
-            return new_model, new_opt_state, loss_sum + loss, taken + 1
+            return (new_model, new_opt_state, loss_sum + loss, taken + 1,
+                    _recorded(record, s, loss))
         active = s < num_steps
         m = _select(active, new_model, m)
         opt_state = _select(active, new_opt_state, opt_state)
-        return m, opt_state, loss_sum + jnp.where(active, loss, 0.0), taken + active
+        loss = jnp.where(active, loss, 0.0)
+        return m, opt_state, loss_sum + loss, taken + active, _recorded(record, s, loss)
 
     zero = jnp.zeros((), jnp.int32)
     init = (model, optimizer.init(trainable_part(model, collections)),
-            jnp.zeros((), jnp.float32), zero)
-    model, _, loss_sum, taken = jax.lax.fori_loop(0, loop_length, step, init)
-    return model, loss_sum, taken
+            jnp.zeros((), jnp.float32), zero, _record(training))
+    model, _, loss_sum, taken, record = jax.lax.fori_loop(0, loop_length, step, init)
+    return (model, loss_sum, taken) + (() if record is None else (record,))
 
 
 def local_train_factored(

@@ -68,6 +68,8 @@ REFUSED: dict[str, str] = {
              "profile)",
     "flux": "its server clusters clients by the descriptor each one sends (the moments of its "
             "data's latent features, per class)",
+    "fedgwc": "its server rewards each client by its own per-step training losses (its "
+              "Gaussian rewards) and clusters clients by them",
     "fedgroup": "its server groups clients by the directions of their individual updates "
                 "(EDC)",
     "flexcfl": "its server groups clients by the directions of their individual updates (EDC)",
