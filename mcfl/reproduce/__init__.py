@@ -172,7 +172,7 @@ def run_table(name: Optional[str] = None, out_dir: Optional[Path] = None, quick:
                     config = config.replace(clients=dataset.num_clients)
                 result = sweep(config, seeds=seed_list, dataset=dataset, out_dir=cell_folder,
                                resume=cell_folder if held is not None else None)
-            rows[cell.label] = table_row(table, cell, result, time.perf_counter() - t0)
+            rows[cell.label] = table_row(table, cell, result, time.perf_counter() - t0, quick)
             report.rows = [rows[c.label] for c, _ in chosen if c.label in rows]
             report.write(final=False)
             faults.point("cell")

@@ -19,16 +19,19 @@ from mcfl.files.figures import save_figure
 from mcfl.reproduce.tables import PAPER_RULE, Cell, Metric, Table, experiment
 
 
-def shown_settings(table: Table, cell: Cell) -> dict[str, Any]:
+def shown_settings(table: Table, cell: Cell, quick: bool = False) -> dict[str, Any]:
     """A cell's own settings, as table.md lists them: its changes, and for a cell on a part of
-    its own, where that part's file differs from the table's."""
+    its own, where that part's file differs from the table's (but not what the form sets for
+    every cell: the quick form's fewer rounds replace the part's own)."""
     if cell.setting in (None, table.setting):
         return dict(cell.changes)
     mine, base = experiment(cell.setting), experiment(table.setting)
-    return {**{k: v for k, v in mine.items() if base.get(k) != v}, **cell.changes}
+    form = table.form(quick).changes
+    return {**{k: v for k, v in mine.items() if base.get(k) != v and k not in form},
+            **cell.changes}
 
 
-def table_row(table: Table, cell: Cell, result, seconds: float) -> dict:
+def table_row(table: Table, cell: Cell, result, seconds: float, quick: bool = False) -> dict:
     """The cell's line: its sweep's summary over seeds (one grid point), in percent (or the
     metric's own scale), for each metric of the table; the first metric's values also at the
     top level."""
@@ -56,7 +59,7 @@ def table_row(table: Table, cell: Cell, result, seconds: float) -> dict:
             "per_seed": first["per_seed"], "metrics": scored,
             "mcfl_best_mean": percent("best_accuracy_micro_mean"),
             "cluster_ari_mean": percent("cluster_ari_mean", scale=1.0),
-            "settings": shown_settings(table, cell),  # its own settings; the rest is the base's
+            "settings": shown_settings(table, cell, quick),  # its own; the rest is the base's
             "seconds": round(seconds, 1)}
 
 
