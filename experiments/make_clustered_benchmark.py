@@ -24,7 +24,7 @@ ALGORITHMS = (("FLUX", "flux"), ("CFL-GP", "cflgp"), ("IFCA", "ifca"), ("FeSEM",
               ("FeSEM-MA", "fesem_ma"),
               ("CFL", "cfl"), ("FedGroup", "fedgroup"), ("FlexCFL", "flexcfl"),
               ("Robust", "robust"), ("FL+HC", "flhc"), ("PACFL", "pacfl"), ("StoCFL", "stocfl"),
-              ("FedSoft", "fedsoft"), ("FedEM", "fedem"), ("FedRC", "fedrc"),
+              ("FedSoft", "fedsoft"), ("FedEM", "fedem"), ("FedRC", "fedrc"), ("FedGWC", "fedgwc"),
               ("FedAvg", "fedavg"), ("Local", "local"), ("Ditto", "ditto"))
 # (prefix, experiments/ file, the algorithms of the quick form: all, some or none)
 QUICK_FMNIST = ("FLUX", "CFL-GP", "IFCA", "FeSEM", "FedAvg", "Local")
