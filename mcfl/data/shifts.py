@@ -34,7 +34,8 @@ conditioned on the true class); label maps come last.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 
