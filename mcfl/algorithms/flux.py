@@ -163,17 +163,10 @@ def capped_clusters(points: jax.Array, labels: jax.Array, most: int):
     slot = rank[labels]
     kept_centroids = cluster_means(points, jnp.maximum(slot, 0), most,
                                    (slot >= 0).astype(jnp.float32))
-    nearest = jnp.argmin(pairwise_distances_to(points, kept_centroids)
+    nearest = jnp.argmin(pairwise_distances(points, kept_centroids)
                          + jnp.where(sizes[kept] > 0, 0.0, jnp.inf)[None, :], axis=1)
     final = jnp.where(slot >= 0, slot, nearest).astype(jnp.int32)
     return final, cluster_means(points, final, most), found
-
-
-def pairwise_distances_to(points: jax.Array, centres: jax.Array) -> jax.Array:
-    """[N, M] Euclidean distances of `points` [N, d] to `centres` [M, d]."""
-    d2 = (jnp.sum(points * points, 1)[:, None] + jnp.sum(centres * centres, 1)[None, :]
-          - 2.0 * points @ centres.T)
-    return jnp.sqrt(jnp.maximum(d2, 0.0))
 
 
 @register("flux", FLUXParams, clustered=True, reference="Fenoglio et al., 2025, FLUX",
@@ -245,7 +238,7 @@ def flux(context: AlgorithmContext) -> FederatedAlgorithm:
             described = descriptors(model.apply, unseen, state.frozen, state.projection,
                                     clients, k, block)[:, :2 * k]  # the label-free half
             points = scaled(described, state.low, state.high, k)
-            nearest = jnp.argmin(pairwise_distances_to(points, state.centroids[:, :2 * k])
+            nearest = jnp.argmin(pairwise_distances(points, state.centroids[:, :2 * k])
                                  + jnp.where(state.clusters.sizes > 0, 0.0, jnp.inf)[None, :],
                                  axis=1).astype(jnp.int32)
             return jnp.where(state.clustered, nearest, 0)

@@ -11,15 +11,17 @@ smallest label over edges (at most N sweeps of an [N, N] min), fixed shapes thro
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 
+from mcfl.clustering.distances import squared_distances
 
-def pairwise_distances(points: jax.Array) -> jax.Array:
-    """[N, N] Euclidean distances (clipped at 0 under rounding)."""
-    sq = jnp.sum(points * points, axis=1)
-    d2 = sq[:, None] + sq[None, :] - 2.0 * points @ points.T
-    return jnp.sqrt(jnp.maximum(d2, 0.0))
+
+def pairwise_distances(points: jax.Array, others: Optional[jax.Array] = None) -> jax.Array:
+    """[N, M] Euclidean distances of `points` [N, d] to `others` [M, d] (default: `points`)."""
+    return jnp.sqrt(squared_distances(points, points if others is None else others))
 
 
 def knee_radius(distances: jax.Array) -> jax.Array:
