@@ -34,6 +34,18 @@ def test_the_readme_settings_table_is_the_config():
         assert f"| `--{key.replace('_', '-')}` |" in table
 
 
+def test_every_clustered_algorithm_says_what_its_defaults_mean():
+    """Each clustered algorithm's module docstring (what its page is generated from) has a
+    "Defaults:" paragraph naming each of its hyperparameters' defaults against its paper."""
+    import importlib
+
+    for name, spec in registry.REGISTRY.items():
+        if not spec.clustered or spec.asynchronous:
+            continue
+        doc = importlib.import_module(spec.factory.__module__).__doc__
+        assert "\nDefaults: " in doc, f"{name} ({spec.factory.__module__}) has no Defaults"
+
+
 def test_help_lists_every_hyperparameter_with_its_default():
     parser = build_parser()
     run = parser._subparsers._group_actions[0].choices["run"]

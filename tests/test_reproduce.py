@@ -245,3 +245,25 @@ def test_fesem_table1_reads_both_leaf_parts_and_reports_four_metrics(tmp_path, c
                             data_dir=str(tmp_path / "leaf2"), cells=["FedCelebA FedAvg"])
     assert main(["reproduce", "fesem-table1", "--out", str(tmp_path / "z")]) == 2
     assert "pass --data-dir DIR" in capsys.readouterr().err
+
+
+
+def test_the_clustered_benchmark_table_is_its_generators_output():
+    """experiments/tables/clustered-benchmark.toml is written by
+    experiments/make_clustered_benchmark.py (its ~200 cells one product of three lists): the
+    file and the generator agree, and in the quick form CFL's warm-up ends before its rounds
+    do (its default 20 would take all 20), while the full form keeps CFL's defaults."""
+    from experiments import make_clustered_benchmark as generator
+
+    path = Path(generator.__file__).parent / "tables" / "clustered-benchmark.toml"
+    assert path.read_text() == generator.table()
+    table = reproduce.get("clustered-benchmark")
+    for quick in (True, False):
+        base = reproduce.base_config(table, quick)
+        cells = reproduce.cell_configs(table, base, quick, patterns=["digits * CFL"])
+        assert len(cells) == 4
+        for _, config in cells:
+            if quick:
+                assert config.params.warmup == 10 < config.rounds == 20
+            else:
+                assert config.params.warmup == 20 < config.rounds

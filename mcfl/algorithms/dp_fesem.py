@@ -26,6 +26,10 @@ move to where DP allows them:
   (`initial_noise_released`).
 
 Without ``--dp-clip`` the same algorithm runs without clipping or noise.
+
+Defaults: FeSEM's lambda 0.05; the private initialisation's noise multiplier 4.0, 3 Lloyd
+iterations and a 32-dimensional sketch are mcfl's choices (no paper sets them: the SuLQ k-means
+of Blum et al., 2005, leaves them to the analyst); the run's ``--dp-*`` flags set the rest.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ pi_tm, as of its last round (the closing embedding trains each client from that 
 The local solver trains all K components on the same batches, each on its weighted loss (the
 gradient separates by component, so this is K local solvers side by side), and recomputes a
 batch's weights q from the round's starting components: K forward passes more a step.
+
+Defaults: K = --clusters components (the paper's M), pi from 1 / K, full-batch E-steps; no
+hyperparameter of its own.
 """
 
 from __future__ import annotations

@@ -81,6 +81,14 @@ Besides the clustered algorithms' metrics a round reports `splits` (clusters spl
 `mean_reward` (over the cohorts). The server reads each client's loss curve: refused under DP.
 P is the server's [C, C] float32 (4 C^2 bytes: 40 MB for 3,162 clients), and a clustering
 costs an eigendecomposition of a C x C matrix and O(C^3) for the affinity.
+
+Defaults: the authors' code's configuration (gamma 0.1, eps 1e-5, S = 10, rho 0.1, at most 4
+clusters a split, Davies-Bouldin below 1), made for 10% of 100 clients a round over 10,000
+rounds. Clustering needs many rounds: the running MSE starts at 1 and decays by (1 - alpha) a
+round, and a pair of clients is compared only through the rounds they were sampled in together.
+With every client every round the perception vectors are all the same and nothing splits
+(tested); with 20 of 240 clients a round it did not split in 300 rounds at eps 1e-5 or 1e-3
+(REPRODUCTION.md, "Defaults against each paper's setting").
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ beside pi. Everything else is FedEM's: pi from the posteriors' mean, every compo
 its weighted loss, components averaged by n_t, each client evaluated with its pi-weighted
 mixture of the components' predictions (the authors' reported accuracy), its cluster its
 largest pi.
+
+Defaults: FedEM's, with FedRC's label-marginal E-step; no hyperparameter of its own.
 """
 
 from __future__ import annotations

@@ -21,6 +21,11 @@ Each client is evaluated with its local model, the paper's personalised model, o
 `fedsoft_evaluate center`, with the center of its largest u_ks (the paper also scores the
 centers); its cluster, for the ARI, is its largest u_ks. The K centers start from K
 independent random initialisations (with one, every row ties and they never part).
+
+Defaults: lambda 0.1 (the paper tunes it), tau = 2 rounds between importance estimates and sigma
+= 1e-4; each client is scored with its local model, the paper's personalised one (84.7 / 78.9
+accuracy against 70.1 / 58.5 with the centers, P(X|Y) / P(Y|X); REPRODUCTION.md, "Defaults
+against each paper's setting").
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ layer from the input, by a Hungarian assignment on the units' incoming weights a
 (`mcfl.algorithms.matching`). Models without hidden layers (MCLR) have nothing to match: there
 FeSEM-MA is FeSEM. The initial clustering is FeSEM's: every local model starts from the same
 W_0, so their units start in the same order.
+
+Defaults: FeSEM's (`mcfl.algorithms.fesem`), the matched averaging of Sec. 5.1 being the only
+difference.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ clusters are closer than it (at most K). Each cluster's model becomes its member
 that round (weighted by n_i), and from then on each cluster trains by FedAvg on its own; the
 assignments stay. One jitted round: the clustering round is a branch taken once (both are
 compiled), holding every client's update [C, d] and a [C, C] distance matrix.
+
+Defaults: n = 10 FedAvg rounds before the clustering round and Ward linkage into exactly K
+clusters (the paper's threshold rule: ``threshold``). Clustering after 3 rounds instead measured
+the same within the spread (ARI 86.5 ± 9.1 and 87.8 ± 3.9, P(X|Y); REPRODUCTION.md, "Defaults
+against each paper's setting").
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ degrees (at most K). Each cluster then runs FedAvg (weighted by n_i) from W_0; a
 The SVD is exact, per client on its padded rows (cost ~ n_max d min(n_max, d) a client, once);
 the proximity matrix and the linkage are [C, C] (O(C^3) time for the linkage), sized for the
 hundreds to few thousands of clients of the paper's experiments.
+
+Defaults: p = 3 singular vectors and exactly K clusters (the paper's beta threshold, which finds
+the number of clusters, is ``threshold``). Label-free by design: under P(Y|X), where the images
+of every group are alike, it cannot tell groups apart (ARI 0.5; REPRODUCTION.md, "Defaults
+against each paper's setting").
 """
 
 from __future__ import annotations
