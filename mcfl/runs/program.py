@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl import engine
+from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
 from mcfl.algorithms.device import evaluation_counts, newcomer_models, on_device, scan_rounds
 from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
