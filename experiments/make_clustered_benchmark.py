@@ -99,7 +99,7 @@ clients at test time"""
 source = "FLUX's four shifts (Fenoglio et al., NeurIPS 2025), mcfl's protocol"
 setting = "clustered_benchmark_digits"
 position = 8
-data_layout = "cifar10/: CIFAR-10's python or binary batches (mcfl --dataset cifar10)"
+data_layout = "cifar10/: CIFAR-10's binary version (cifar-10-batches-bin/ or its files; mcfl --dataset cifar10)"
 metrics = [
 {metrics},
 ]

@@ -9,7 +9,7 @@ import pytest
 from mcfl import reproduce
 from mcfl.apps.cli import main
 from mcfl.config import from_dict, load_file
-from mcfl.errors import ConfigError
+from mcfl.errors import ConfigError, DataError
 from mcfl.runs.records import cluster_metrics, paper_score
 
 
@@ -267,3 +267,25 @@ def test_the_clustered_benchmark_table_is_its_generators_output():
                 assert config.params.warmup == 10 < config.rounds == 20
             else:
                 assert config.params.warmup == 20 < config.rounds
+
+
+def test_the_clustered_benchmarks_full_form_asks_for_data_only_where_a_cell_reads_it(tmp_path):
+    """Its digits and Fashion-MNIST cells run without --data-dir; a CIFAR-10 cell needs it,
+    and a folder without CIFAR-10's binary files is named (with the cell) before anything
+    runs; with the files (header-valid, tiny) the check passes."""
+    table = reproduce.get("clustered-benchmark")
+    base = reproduce.base_config(table, False)
+    bundled = reproduce.cell_configs(table, base, patterns=["digits *", "fmnist *"])
+    reproduce.check_data_dirs(table, False, None, bundled)
+    cifar = reproduce.cell_configs(table, base, data_dir=str(tmp_path),
+                                   patterns=["cifar10 P(X) FLUX"])
+    with pytest.raises(ConfigError, match="pass --data-dir DIR"):
+        reproduce.check_data_dirs(table, False, None, cifar)
+    with pytest.raises(DataError, match="cell 'cifar10 P\\(X\\) FLUX': data directory .*cifar10"
+                                        ".* does not exist"):
+        reproduce.check_data_dirs(table, False, str(tmp_path), cifar)
+    folder = tmp_path / "cifar10"
+    folder.mkdir()
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        (folder / name).write_bytes(bytes(3073))
+    reproduce.check_data_dirs(table, False, str(tmp_path), cifar)

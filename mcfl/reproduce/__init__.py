@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mcfl.config import RunConfig, from_dict
-from mcfl.data import DATA_FIELDS, load_dataset
+from mcfl.data import DATA_FIELDS, cifar, load_dataset
 from mcfl.errors import ConfigError, DataError, McflError, choice_error
 from mcfl.files import faults, kinds
 from mcfl.files.run_folder import RunTarget, check_target, recover_replacement
@@ -77,19 +77,27 @@ def select_cells(cells: list[Cell], patterns: list[str]) -> list[Cell]:
 
 
 def check_data_dirs(table: Table, quick: bool, data_dir: Optional[str],
-                     cells: list[tuple[Cell, RunConfig]]) -> None:
-    """A table reading the user's data (its full form) needs --data-dir, and each chosen
-    cell's folder there; both are checked before anything runs."""
-    if quick or not table.data_layout:
+                    cells: list[tuple[Cell, RunConfig]]) -> None:
+    """The chosen cells that read the user's data (those naming a folder inside --data-dir, in
+    the full form) need --data-dir, and their folder there in their dataset's layout; both
+    are checked before anything runs. Cells on bundled data need nothing."""
+    reading = [(cell, config) for cell, config in cells if "data_dir" in cell.changes]
+    if quick or not table.data_layout or not reading:
         return
     if data_dir is None:
         raise ConfigError(f"{table.name} reads {table.data_layout}: pass --data-dir DIR "
                           f"(its --quick form runs offline)")
-    for cell, config in cells:
-        if not (Path(config.data_dir) / "train").is_dir():
-            raise DataError(f"cell {cell.label!r} reads {config.data_dir}/train, which does not "
-                            f"exist; --data-dir must be {table.data_layout} (or choose other "
-                            "cells with --cells)")
+    for cell, config in reading:
+        try:
+            if config.dataset in cifar.LAYOUTS:
+                cifar.find_folder(cifar.LAYOUTS[config.dataset], config.data_dir)
+            elif not (Path(config.data_dir) / "train").is_dir():  # LEAF's train/ and test/
+                raise DataError(f"it reads {config.data_dir}/train, which does not exist; "
+                                f"--data-dir "
+                                f"must be {table.data_layout} (or choose other cells with "
+                                "--cells)")
+        except DataError as e:
+            raise DataError(f"cell {cell.label!r}: {e}") from None
 
 
 def run_table(name: Optional[str] = None, out_dir: Optional[Path] = None, quick: bool = False,
