@@ -83,11 +83,11 @@ Not implemented: the code's unknown-K mode (warm-up, eigen-gap rank and silhouet
 off by default there) and its optional gradient compression. Models with batch statistics are
 refused (gradients would train them as parameters), as FedSGD refuses them.
 
-Defaults: the paper's gradient protocol (one minibatch gradient a round, gamma 0.1), P = 2, T_cl
-= 10 and round-robin criterion models. One gradient a round trains slowly: after 30 rounds 56.1
-/ 25.5 accuracy against 74.6 / 35.0 with ``protocol model_averaging`` (P(X|Y) / P(Y|X);
-REPRODUCTION.md, "Defaults against each paper's setting"); compare CFL-GP with the others at
-equal local work through that protocol.
+Defaults: the paper's gradient protocol (one minibatch gradient a round, gamma 0.1) and
+round-robin criterion models; the code's P = 2 and T_cl = 10. One gradient a round trains
+slowly: after 30 rounds 56.1 / 25.5 accuracy against 74.6 / 35.0 with ``protocol
+model_averaging`` (P(X|Y) / P(Y|X); REPRODUCTION.md, "Defaults against each paper's setting");
+compare CFL-GP with the others at equal local work through that protocol.
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ Up to `clients_per_round` migrating clients redo their cold start each round (fi
 more wait for the next round. The test runs only in rounds where the data moved (the view's
 ``owners_changed``) or clients are still waiting: label counts change only then.
 
-Defaults: the paper's alpha = 20 (20 K cold-start clients), EDC grouping, one pre-training epoch
-(Sec. 3.4), no inter-group aggregation (eta_g 0) and label-aware migration for FlexCFL (the
-code's count-based test is ``migration counts``). The cold start needs alpha K clients: with
-fewer, lower ``pretrain_scale``. Measured (REPRODUCTION.md, "Defaults against each paper's
+Defaults: the paper's alpha = 20 (20 K cold-start clients), EDC grouping and one pre-training
+epoch (Sec. 3.4); inter-group aggregation off (eta_g 0, the paper's "pluralistic" framework; it
+reports eta_g 0.1 and 5.0 helping in some settings, Sec. 5); label-aware migration for FlexCFL
+(the code's count-based test is ``migration counts``). The cold start needs alpha K clients:
+with fewer, lower ``pretrain_scale``. Measured (REPRODUCTION.md, "Defaults against each paper's
 setting"): ARI 33.3 / 74.3 (P(X|Y) / P(Y|X)).
 """
 

@@ -36,11 +36,12 @@ Where mcfl differs from the authors' code, and why:
   client on its test split.
 
 Defaults: the clustering after 3 FedAvg rounds (where FLUX's trigger fires in practice) and the
-radius at the knee unscaled (``eps_scale`` 1, the code's eps_scaling). Label-free at the
-newcomers' end, label-aware in training: with 20 of 240 clients a round and Dirichlet label skew
-inside the groups its descriptors did not separate P(X|Y) or P(Y|X) groups (ARI about 0;
-REPRODUCTION.md, "Defaults against each paper's setting"); with every client and no skew inside
-the groups it does (the clustered-FL benchmark).
+radius at the knee unscaled (``eps_scale`` 1, the code's eps_scaling). With 20 of 240 clients a
+round and Dirichlet label skew inside the groups its descriptors did not separate P(X|Y) or
+P(Y|X) groups (ARI about 0; REPRODUCTION.md, "Defaults against each paper's setting"); with
+every client every round and no skew inside a group (the clustered-FL benchmark) it recovers
+Fashion-MNIST's P(X) and P(Y) groups (ARI 100) and about half of its P(Y|X) and P(X|Y) groups
+(ARI 54, 69).
 """
 
 from __future__ import annotations
