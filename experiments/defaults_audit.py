@@ -4,9 +4,10 @@ test or table of mcfl tunes on (REPRODUCTION.md, "Defaults against each paper's 
     python experiments/defaults_audit.py OUT [--seeds 3] [--algorithms robust,cfl] [--shifts x]
 
 The data: Fashion-MNIST, 240 clients of 100 training images, 4 planted groups of uneven sizes
-(96, 72, 48, 24 clients: shares 4, 3, 2, 1), either turned by 0 / 90 / 180 / 270 degrees
-(P(X), ``rotated``) or with the labels swapped in pairs per group (P(Y|X), ``label_swap``);
-MCLR, SGD lr 0.05, E = 5 local epochs of B = 10, 20 of the 240 clients a round (mcfl's
+(96, 72, 48, 24 clients: shares 4, 3, 2, 1) with Dirichlet(0.5) label skew inside each, under
+one of three shifts (``SHIFTS``): P(X) (turned by 0 / 90 / 180 / 270 degrees), P(X|Y) (a pool
+of 5 classes turned by each group's own right angle) or P(Y|X) (labels swapped in pairs per
+group); MCLR, SGD lr 0.05, E = 5 local epochs of B = 10, 20 of the 240 clients a round (mcfl's
 default), 30 rounds, K = 4. Every algorithm runs with its registered defaults and, where its
 paper's setting is a choice among others (``VARIANTS``), with each value of that choice, as one
 sweep over the seeds. Each sweep is a folder of OUT (a finished one is read back, a stopped one
