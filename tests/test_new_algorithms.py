@@ -46,6 +46,26 @@ def test_masked_median_and_trimmed_mean_match_numpy_and_scipy():
         np.testing.assert_allclose(means[k], want, rtol=1e-5, atol=1e-7)
 
 
+def test_masked_statistics_match_numpy_and_scipy_for_every_count_of_rows():
+    """The top_k selection covers every m from 0 to n (odd and even, ties, every cut of a 0.2
+    trim), against numpy's median and scipy's trim_mean of the chosen rows."""
+    rng = np.random.default_rng(3)
+    x = np.round(rng.normal(size=(13, 5)), 1).astype(np.float32)  # rounding makes ties
+    order = rng.permutation(13)
+    for m in range(14):
+        mask = np.zeros(13, bool)
+        mask[order[:m]] = True
+        median, count = masked_statistic(jnp.asarray(x), jnp.asarray(mask), "median")
+        trimmed, _ = masked_statistic(jnp.asarray(x), jnp.asarray(mask), "trimmed_mean", 0.2)
+        assert int(count) == m
+        if m == 0:
+            assert np.all(np.asarray(median) == 0) and np.all(np.asarray(trimmed) == 0)
+            continue
+        np.testing.assert_allclose(median, np.median(x[mask], axis=0), rtol=1e-6)
+        np.testing.assert_allclose(trimmed, trim_mean(x[mask], 0.2, axis=0), rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_trimmed_kmeans_matches_a_numpy_loop_and_trims_the_outliers():
     rng = np.random.default_rng(1)
     centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])

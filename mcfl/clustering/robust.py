@@ -19,18 +19,32 @@ CENTROIDS = ("trimmed_mean", "median")
 def masked_statistic(x: jax.Array, mask: jax.Array, method: str, trim: float = 0.0):
     """[d] coordinate-wise median (``method="median"``) or trimmed mean (``"trimmed_mean"``:
     the floor(trim m) smallest and largest values of each coordinate dropped) of the rows of
-    `x` [n, d] where `mask` [n] is true (m of them), and m. With m = 0 the statistic is 0."""
+    `x` [n, d] where `mask` [n] is true (m of them), and m. With m = 0 the statistic is 0.
+
+    Both select with `jax.lax.top_k` instead of sorting the rows: the median of any m <= n
+    rows lies among their largest n // 2 + 1 values, and a trimmed mean drops at most
+    floor(trim n) values at each end. On CPU a partial selection is about 4x faster than
+    XLA's sort (a [80, 159,010] median on the EPYC: 1.3 s against 5.3 s), which was the whole
+    of Robust's round on an MLP."""
     m = jnp.sum(mask).astype(jnp.int32)
-    ordered = jnp.sort(jnp.where(mask[:, None], x, jnp.inf), axis=0)  # the m rows come first
+    n = x.shape[0]
+    rows = x.T  # [d, n]: top_k selects along the minor axis
     if method == "median":
-        low = jnp.maximum((m - 1) // 2, 0)
-        high = jnp.maximum(m // 2, 0)
-        value = 0.5 * (ordered[low] + ordered[high])
+        top = jax.lax.top_k(jnp.where(mask[None, :], rows, -jnp.inf), n // 2 + 1)[0]
+        low = jnp.maximum((m - 1) // 2, 0)  # ascending ranks of the two middle values,
+        high = jnp.maximum(m // 2, 0)       # m - 1 - rank in the descending top
+        value = 0.5 * (top[:, jnp.maximum(m - 1 - low, 0)] + top[:, jnp.maximum(m - 1 - high, 0)])
     else:
         cut = jnp.floor(trim * m).astype(jnp.int32)
-        position = jnp.arange(x.shape[0])[:, None]
-        keep = (position >= cut) & (position < m - cut)
-        value = jnp.sum(jnp.where(keep, ordered, 0.0), axis=0) / jnp.maximum(m - 2 * cut, 1)
+        total = jnp.sum(jnp.where(mask[None, :], rows, 0.0), axis=1)
+        most = int(trim * n)  # the largest cut any m <= n can ask for
+        if most > 0:
+            dropped = jnp.arange(most)[None, :] < cut
+            largest = jax.lax.top_k(jnp.where(mask[None, :], rows, -jnp.inf), most)[0]
+            smallest = jax.lax.top_k(jnp.where(mask[None, :], -rows, -jnp.inf), most)[0]
+            total = (total - jnp.sum(jnp.where(dropped, largest, 0.0), axis=1)
+                     + jnp.sum(jnp.where(dropped, smallest, 0.0), axis=1))
+        value = total / jnp.maximum(m - 2 * cut, 1)
     return jnp.where(m > 0, value, 0.0), m
 
 
