@@ -93,9 +93,8 @@ def check_data_dirs(table: Table, quick: bool, data_dir: Optional[str],
                 cifar.find_folder(cifar.LAYOUTS[config.dataset], config.data_dir)
             elif not (Path(config.data_dir) / "train").is_dir():  # LEAF's train/ and test/
                 raise DataError(f"it reads {config.data_dir}/train, which does not exist; "
-                                f"--data-dir "
-                                f"must be {table.data_layout} (or choose other cells with "
-                                "--cells)")
+                                f"--data-dir must be {table.data_layout} (or choose other "
+                                "cells with --cells)")
         except DataError as e:
             raise DataError(f"cell {cell.label!r}: {e}") from None
 
