@@ -11,12 +11,16 @@ data. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such a
 `mcfl.apps`.
 """
 
-from mcfl import algorithms, data, models, tracking, transforms
-from mcfl.algorithms.device import scan_rounds
-from mcfl.config import RunConfig, from_dict, load_file
-from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
-from mcfl.runs.runner import RunObserver, RunResult, run
-from mcfl.sweeps import SweepResult, sweep
+from mcfl.runtime.libtpu_environment import quiet_libtpu_without_tpu
+
+quiet_libtpu_without_tpu()  # before JAX starts a backend (mcfl.runtime.libtpu_environment)
+
+from mcfl import algorithms, data, models, tracking, transforms  # noqa: E402
+from mcfl.algorithms.device import scan_rounds  # noqa: E402
+from mcfl.config import RunConfig, from_dict, load_file  # noqa: E402
+from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError  # noqa: E402
+from mcfl.runs.runner import RunObserver, RunResult, run  # noqa: E402
+from mcfl.sweeps import SweepResult, sweep  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -33,13 +33,14 @@ def small_params(name: str) -> dict:
     return {k: v for k, v in SMALL.items() if k in takes}
 
 
-def build_small(name: str):
+def build_small(name: str, backend=None):
     """The algorithm `name` on the small problem, bound to its hyperparameters
-    (`conftest.Bound`: ``.algorithm``, ``.hp``)."""
+    (`conftest.Bound`: ``.algorithm``, ``.hp``); its model built for `backend` (default: this
+    machine's)."""
     from conftest import algorithm
 
-    model = (make_model("mlp", (12,), 10, hidden=LAYERED[name]) if name in LAYERED
-             else make_model("mclr", (12,), 10))
+    model = (make_model("mlp", (12,), 10, hidden=LAYERED[name], backend=backend)
+             if name in LAYERED else make_model("mclr", (12,), 10, backend=backend))
     training = LocalTraining(model.apply, batch_size=10, lr=0.05, local_steps=2,
                              dense_layers=model.dense_layers)
     clusters = SETTINGS["clusters"] if get(name).clustered else 1
@@ -157,12 +158,19 @@ def zoo_data(feature_shape, classes):
                        classes, true_cluster=np.arange(ZOO_CLIENTS) % 4).arrays
 
 
-def zoo_fedavg(model_name: str, clients_per_round: int = 4):
-    """FedAvg on the tiny version of a zoo model, and its data: (`conftest.Bound`, arrays)."""
+def zoo_fedavg(model_name: str, clients_per_round: int = 4, backend=None):
+    """FedAvg on the tiny version of a zoo model, and its data: (`conftest.Bound`, arrays);
+    the model built for `backend` (default: this machine's)."""
+    return fedavg_on(model_name, *ZOO[model_name], clients_per_round, backend)
+
+
+def fedavg_on(model_name: str, shape, classes: int, args: dict, clients_per_round: int = 4,
+              backend=None):
+    """FedAvg on a registered model built for `shape` and `classes` with `args`, and random
+    data for it (`zoo_data`): (`conftest.Bound`, arrays)."""
     from conftest import algorithm
 
-    shape, classes, args = ZOO[model_name]
-    model = make_model(model_name, shape, classes, model_args=args)
+    model = make_model(model_name, shape, classes, model_args=args, backend=backend)
     training = LocalTraining(model.apply, batch_size=4, lr=0.05, local_steps=2,
                              dense_layers=model.dense_layers, factored=model.factored,
                              train_apply=model.train_apply, collections=model.collections)

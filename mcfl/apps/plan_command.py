@@ -20,6 +20,7 @@ import jax
 from mcfl.apps.flags import cache_dir_from_args, config_from_args
 from mcfl.config import RunConfig
 from mcfl.errors import McflError, choice_error
+from mcfl.planning import tpu_compile
 from mcfl.planning.estimate import RunEstimate, TargetBound, bound_on, estimate_run
 from mcfl.planning.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
 from mcfl.runtime import memory
@@ -59,14 +60,27 @@ def cmd_plan(args) -> int:
         else:
             print(format_unfit(config, fit, names, seconds))
         raise McflError(fit.problem)  # as `mcfl run` refuses it: one line, exit code 2
-    estimate = estimate_run(config, cache_dir=cache_dir_from_args(args))
+    tpu_targets, tpu_note = compiled_targets(names)
+    estimate = estimate_run(config, cache_dir=cache_dir_from_args(args),
+                            tpu_targets=tpu_targets)
     bounds = [bound_on(estimate, t, estimate.config.precision) for t in targets_of(names)]
     seconds = time.perf_counter() - start
     if args.json:
-        print(json.dumps(plan_document(estimate, bounds, seconds), indent=1))
+        print(json.dumps(plan_document(estimate, bounds, seconds, tpu_note), indent=1))
     else:
-        print(format_plan(estimate, bounds, seconds))
+        print(format_plan(estimate, bounds, seconds, tpu_note))
     return 0
+
+
+def compiled_targets(names: Sequence[str]) -> tuple[tuple[str, ...], Optional[str]]:
+    """(the TPU targets among `names` the TPU compiler will compile for, a note when there are
+    TPU targets it cannot: the extra is not installed)."""
+    tpus = tuple(name for name in names if name in tpu_compile.TOPOLOGIES)
+    reason = tpu_compile.missing() if tpus else None
+    if reason is None:
+        return tpus, None
+    return (), (f"TPU targets ({', '.join(tpus)}): estimated from this machine's programs and "
+                f"the datasheet, not compiled; {reason}")
 
 
 def data_targets(fit: memory.DataFit, names: Sequence[str]
@@ -158,7 +172,8 @@ def _time(s: float) -> str:
     return f"{s * 1e3:.3g} ms"
 
 
-def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float) -> str:
+def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float,
+                tpu_note: Optional[str] = None) -> str:
     c = estimate.config
     lines = [
         f"{c.algorithm} on {estimate.dataset}: {estimate.clients:,} clients, "
@@ -198,16 +213,53 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
         fits = "?" if b.fits is None else ("yes" if b.fits else "NO")
         with_it = "" if b.occasional_round_seconds is None else \
             f"  {_time(b.occasional_round_seconds):>10}"
-        lines.append(f"{b.target.name:<10} {b.target.devices:>7} {_size(b.need_bytes):>12} "
-                     f"{_size(b.target.memory):>9} {fits:>4} {_time(b.round_seconds):>9} "
-                     f"{_time(b.run_seconds):>9}  "
-                     + (f"{b.limit:<8}{with_it}" if with_it else b.limit))
-    lines += [
-        "(times: roofline lower bounds, the larger of FLOPs at peak and bytes at bandwidth; "
-        "BENCHMARKS.md says how far measured rounds were above them)",
-        f"planned in {seconds:.1f} s",
-    ]
+        has = b.target.memory if b.compiled is None else b.compiled.hbm_bytes
+        lines.append(f"{b.target.name:<10} {b.target.devices:>7} "
+                     f"{_size(b.need_bytes):>12} {_size(has):>9} {fits:>4} "
+                     f"{_time(b.round_seconds):>9} {_time(b.run_seconds):>9}  "
+                     + (f"{b.limit:<8}{with_it}" if with_it else b.limit)
+                     + ("" if b.compiled is None else "  (TPU compiler)"))
+    lines.append("(times: roofline lower bounds, the larger of FLOPs at peak and bytes at "
+                 "bandwidth; BENCHMARKS.md says how far measured rounds were above them)")
+    compiled = [b for b in bounds if b.compiled is not None]
+    if compiled:
+        lines += ["(TPU compiler: the run compiled for that TPU by its own compiler; memory per "
+                  "device, fit and HBM are its figures, the times its per-device cost analysis "
+                  "with each loop run as often as it runs)", ""]
+        for b in compiled:
+            lines += _compiled_lines(b)
+    if tpu_note:
+        lines.append(tpu_note)
+    lines.append(f"planned in {seconds:.1f} s")
     return "\n".join(lines)
+
+
+def _compiled_lines(bound: TargetBound) -> list[str]:
+    """One TPU target's compiled programs: memory per device by kind, padding, work, fusions."""
+    c = bound.compiled
+    lines = [f"{c.target}: {c.devices} x {c.device_kind}, compiled by libtpu {c.libtpu} in "
+             f"{c.seconds:.1f} s; HBM a device's buffers may use: {_size(c.hbm_bytes)} (the "
+             f"compiler's figure; datasheet {_size(bound.target.memory)}: "
+             f"{bound.target.source}); client store {c.store}"]
+    if c.programs:
+        lines.append(f"  {'program':<12} {'calls':>6} {'arguments':>9} {'outputs':>9} "
+                     f"{'temps':>9} {'code':>8} {'total':>9} {'padding':>8} {'FLOPs':>8} "
+                     f"{'fusions':>7}")
+    for p in c.programs:
+        lines.append(f"  {p.name:<12} {p.calls:>6,.0f} {_size(p.argument_bytes):>9} "
+                     f"{_size(p.output_bytes):>9} {_size(p.temp_bytes):>9} "
+                     f"{_size(p.code_bytes):>8} {_size(p.need_bytes):>9} "
+                     f"{_size(p.padding_bytes):>8} {_count(p.per_device().flops):>8} "
+                     f"{p.fusions:>7}")
+    if c.refused is not None:
+        lines.append(f"  does NOT fit: the TPU compiler refused {c.refused.name}: "
+                     f"{c.refused.message}")
+    elif not c.fits:
+        lines.append(f"  does NOT fit: {_size(c.need_bytes)} a device against "
+                     f"{_size(c.hbm_bytes)}")
+    lines.append("  (per device; padding: what the TPU's 8 x 128 tiles add to arguments and "
+                 "outputs; FLOPs: one call's, each loop run as often as it runs)")
+    return lines
 
 
 def _privacy_lines(privacy: Optional[dict]) -> list[str]:
@@ -224,7 +276,29 @@ def _privacy_lines(privacy: Optional[dict]) -> list[str]:
             f"{privacy['dp_accounting']}"]
 
 
-def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float) -> dict:
+def compiled_document(compiled) -> dict:
+    """A `CompiledRun` for `mcfl plan --json`."""
+    return {
+        "device_kind": compiled.device_kind, "devices": compiled.devices,
+        "hbm_bytes": compiled.hbm_bytes, "need_bytes": compiled.need_bytes,
+        "fits": compiled.fits, "store": compiled.store, "libtpu": compiled.libtpu,
+        "compile_seconds": compiled.seconds,
+        "refused": None if compiled.refused is None else compiled.refused._asdict(),
+        "programs": {p.name: {"kind": p.kind, "calls": p.calls,
+                              "argument_bytes": p.argument_bytes,
+                              "output_bytes": p.output_bytes, "temp_bytes": p.temp_bytes,
+                              "alias_bytes": p.alias_bytes, "code_bytes": p.code_bytes,
+                              "need_bytes": p.need_bytes, "logical_bytes": p.logical_bytes,
+                              "padding_bytes": p.padding_bytes, "xla_flops": p.flops,
+                              "xla_bytes_accessed": p.bytes_accessed, "fusions": p.fusions,
+                              "per_device": p.per_device()._asdict(),
+                              "compile_seconds": p.seconds}
+                     for p in compiled.programs},
+    }
+
+
+def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: float,
+                  tpu_note: Optional[str] = None) -> dict:
     """`mcfl plan --json`: the same figures, machine-readable."""
     return {
         "config": estimate.config.to_dict(),
@@ -241,7 +315,11 @@ def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds:
                                     "round_seconds": b.round_seconds,
                                     "run_seconds": b.run_seconds, "bound_by": b.limit,
                                     "occasional_round_seconds": b.occasional_round_seconds,
-                                    "source": b.target.source} for b in bounds},
+                                    "source": b.target.source,
+                                    "compiled": (None if b.compiled is None
+                                                 else compiled_document(b.compiled))}
+                    for b in bounds},
+        "tpu_note": tpu_note,
         "privacy": estimate.privacy,
         "plan_seconds": seconds,
     }

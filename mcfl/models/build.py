@@ -11,6 +11,7 @@ import flax.linen as nn
 
 from mcfl.errors import ConfigError, McflError, first_line
 from mcfl.models import registry
+from mcfl.models.paper import CONV_IMPLEMENTATIONS, resolve_conv
 from mcfl.models.precision import with_precision
 from mcfl.models.spec import ModelSpec, check_modes, from_module
 from mcfl.models.structure import with_fast_paths
@@ -76,6 +77,7 @@ def make_model(
     model_args: Optional[Mapping[str, Any]] = None,
     fast_paths: str = "auto",
     precision: str = "float32",
+    backend: Optional[str] = None,
 ) -> ModelSpec:
     """The `ModelSpec` of `model` for inputs of `feature_shape` and `num_classes` classes.
 
@@ -85,12 +87,15 @@ def make_model(
     it takes them. A module is checked on the data's shapes (`spec.from_module`), and gets
     the fast paths its structure allows (`structure.with_fast_paths`; "off": none), and
     computes in `precision` (`precision.with_precision`: "bfloat16" on float32 weights).
+    `backend`: the platform it is built for ("cpu", "gpu", "tpu"; default: this machine's),
+    which decides `conv` "auto" and the fast paths (`mcfl plan` builds a TPU's programs here).
 
     A user's model (anything but a model mcfl registers itself, `is_users`) is also traced in
     training and evaluation mode as local training and evaluation call it (`spec.check_modes`),
     so that a model failing only there is a one-line `ConfigError` before anything runs."""
     model_args = dict(model_args or {})
-    settings = {"hidden": tuple(hidden), "conv": conv}
+    settings = {"hidden": tuple(hidden),
+                "conv": resolve_conv(conv, backend) if conv in CONV_IMPLEMENTATIONS else conv}
     if isinstance(model, ModelSpec):
         built, name = model, model.name
     elif isinstance(model, nn.Module):
@@ -110,7 +115,7 @@ def make_model(
         built = from_module(built, feature_shape, num_classes, name)
     if is_users(model):
         check_modes(built, num_classes)
-    return with_precision(with_fast_paths(built, fast_paths, conv), precision)
+    return with_precision(with_fast_paths(built, fast_paths, conv, backend), precision)
 
 
 def is_users(model: Any) -> bool:

@@ -108,13 +108,20 @@ def _client_loop(eqn) -> str:
     return "" if start < 0 else stack[start + len(LOOP_SCOPE):].split("/")[0]
 
 
-def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper") -> Cost:
+def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper",
+               each_loop_once: bool = False) -> Cost:
     """The `Cost` of running `jaxpr` (a Jaxpr or ClosedJaxpr) once, its loops included; `trips`:
     the mean iterations of each client loop, by its name; `occasional`: the side of an
-    occasional cond counted, "cheaper" or "dearer" (module docstring)."""
+    occasional cond counted, "cheaper" or "dearer" (module docstring). `each_loop_once`: every
+    loop body counted once, as XLA's cost analysis counts it (what scales the TPU compiler's
+    figures to whole loops: `mcfl.planning.tpu_compile`)."""
     if occasional not in ("cheaper", "dearer"):
         raise ValueError(f"occasional={occasional!r}: 'cheaper' or 'dearer'")
-    count_of = trips or (lambda _: None)
+    count_of = (lambda _: 1.0) if each_loop_once else (trips or (lambda _: None))
+
+    def inner(sub) -> Cost:
+        return jaxpr_cost(sub, trips, occasional, each_loop_once)
+
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     total = Cost()
     for eqn in jaxpr.eqns:
@@ -124,25 +131,25 @@ def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper"
             moved = sum(_bytes(v.aval) for v in eqn.invars) + _bytes(eqn.outvars[0].aval)
             total += Cost(flops, flops, moved)
         elif name == "scan":
-            total += jaxpr_cost(eqn.params["jaxpr"], trips, occasional).times(eqn.params["length"])
+            total += inner(eqn.params["jaxpr"]).times(1 if each_loop_once
+                                                      else eqn.params["length"])
         elif name == "while":
-            body = (jaxpr_cost(eqn.params["body_jaxpr"], trips, occasional)
-                    + jaxpr_cost(eqn.params["cond_jaxpr"], trips, occasional))
+            body = inner(eqn.params["body_jaxpr"]) + inner(eqn.params["cond_jaxpr"])
             count = count_of(_client_loop(eqn))
             if count is not None:
                 total += body.times(count)
             else:
                 total += body._replace(while_loops=body.while_loops + 1)
         elif name == "cond":
-            branches = [jaxpr_cost(b, trips, occasional) for b in eqn.params["branches"]]
+            branches = [inner(b) for b in eqn.params["branches"]]
             if OCCASIONAL_SCOPE in str(eqn.source_info.name_stack):
                 side = (min if occasional == "cheaper" else max)(branches, key=lambda c: c.flops)
                 total += side._replace(occasional=side.occasional + 1)
             else:
                 total += max(branches, key=lambda c: c.flops)
-        elif (inner := _sub_jaxprs(eqn.params)):
-            for sub in inner[:1]:  # custom_vjp's fwd / bwd: the primal's work, once
-                total += jaxpr_cost(sub, trips, occasional)
+        elif (subs := _sub_jaxprs(eqn.params)):
+            for sub in subs[:1]:  # custom_vjp's fwd / bwd: the primal's work, once
+                total += inner(sub)
         else:
             elements = sum(_size(v.aval) for v in eqn.outvars)
             moved = sum(_bytes(v.aval) for v in eqn.outvars) if name in READS else 0
@@ -157,13 +164,14 @@ def traced_cost(jitted, *args, trips: Optional[Trips] = None,
     return program_cost(jitted.trace(*args).jaxpr, trips, occasional)
 
 
-def program_cost(closed, trips: Optional[Trips] = None, occasional: str = "cheaper") -> Cost:
+def program_cost(closed, trips: Optional[Trips] = None, occasional: str = "cheaper",
+                 each_loop_once: bool = False) -> Cost:
     """The `Cost` of one call of a traced program (its ClosedJaxpr): its jaxpr's work plus
     writing its results once. Its arguments count only as far as it reads them (a round reads
     its clients' rows, not the whole population's: FeSEM at 1,000,000 clients on an H200 ran
     below a bound that counted every argument)."""
     io = sum(_bytes(v.aval) for v in closed.jaxpr.outvars if hasattr(v, "aval"))
-    return jaxpr_cost(closed, trips, occasional) + Cost(bytes=float(io))
+    return jaxpr_cost(closed, trips, occasional, each_loop_once) + Cost(bytes=float(io))
 
 
 def xla_cost(compiled) -> dict[str, float]:

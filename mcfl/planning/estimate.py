@@ -20,7 +20,7 @@ measured in BENCHMARKS.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -32,8 +32,10 @@ from mcfl.data import FederatedDataset, load_dataset, with_all_users
 from mcfl.engine.client_data import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
 from mcfl.engine.training import mean_steps
+from mcfl.planning import tpu_compile
 from mcfl.planning.cost import Cost, program_cost, traced_cost, xla_cost
 from mcfl.planning.targets import Target
+from mcfl.planning.tpu_compile import CompiledRun
 from mcfl.runs.execution import plan_run, run_keys
 from mcfl.runs.program import footprint, round_program
 from mcfl.runs.stored_program import run_program
@@ -66,6 +68,9 @@ class RunEstimate(NamedTuple):
     # client-level DP: what the planned run will spend (`mcfl.privacy.plan.PrivacyPlan.
     # summary` after its rounds), None without DP
     privacy: Optional[dict] = None
+    # the run's programs compiled by the TPU compiler, one per TPU target asked for
+    # (`mcfl.planning.tpu_compile`)
+    compiled: tuple[CompiledRun, ...] = ()
 
     def program(self, name: str) -> ProgramEstimate:
         return next(p for p in self.programs if p.name == name)
@@ -91,13 +96,19 @@ class TargetBound(NamedTuple):
     run_seconds: float  # ... on the whole run
     limit: str  # matmul | vector | memory: what bounds the round
     occasional_round_seconds: Optional[float] = None  # ... on a round doing its occasional work
+    # the TPU compiler's figures, when the target's programs were compiled: then `need_bytes`
+    # and `fits` are the compiler's and, unless it refused a program, so are the times
+    compiled: Optional[CompiledRun] = None
 
 
 def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
-                 cache_dir: Optional[str | Path] = None, compile: bool = True) -> RunEstimate:
+                 cache_dir: Optional[str | Path] = None, compile: bool = True,
+                 tpu_targets: Sequence[str] = ()) -> RunEstimate:
     """Build and compile `config`'s programs here, run nothing, and count what they need.
     Without `compile`, the programs are only traced: the counts are the same, the footprints
     and XLA's own figures unknown (what `mcfl bench` needs beside a round it measured).
+    `tpu_targets`: TPU targets (`mcfl.planning.tpu_compile.TOPOLOGIES`) whose programs are
+    also compiled by the TPU compiler (the ``tpu-aot`` extra).
     Data that cannot fit here are refused, from the config, before they are built (as
     `mcfl.run` refuses them)."""
     if dataset is None:
@@ -148,6 +159,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         )
     finally:
         program.close()
+    compiled = tuple(tpu_compile.compile_run(config, dataset, target, trips)
+                     for target in tpu_targets)
     return RunEstimate(
         config=config, dataset=dataset.name, params=plan.params_count,
         clients=dataset.num_clients, clients_per_round=plan.clients_per_round,
@@ -156,7 +169,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         programs=programs, backend=f"{jax.default_backend()} ({jax.devices()[0].device_kind})",
         occasional_round=occasional_round,
         privacy=None if plan.privacy is None else plan.privacy.summary(
-            plan.privacy.epsilons()[-1]))
+            plan.privacy.epsilons()[-1]),
+        compiled=compiled)
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:
@@ -198,9 +212,39 @@ def bound_on(estimate: RunEstimate, target: Target, precision: str = "float32") 
     round_seconds, limit = seconds(estimate.program("round").cost)
     run_seconds = sum(seconds(p.cost)[0] * p.calls for p in estimate.programs)
     occasional = estimate.occasional_round
-    return TargetBound(target, need, None if need is None else need <= target.memory,
-                       round_seconds, run_seconds, limit,
-                       None if occasional is None else seconds(occasional)[0])
+    bound = TargetBound(target, need, None if need is None else need <= target.memory,
+                        round_seconds, run_seconds, limit,
+                        None if occasional is None else seconds(occasional)[0])
+    compiled = next((c for c in estimate.compiled if c.target == target.name), None)
+    return bound if compiled is None else compiled_bound(bound, compiled, estimate.config.rounds,
+                                                         matmul_rate)
+
+
+def compiled_bound(bound: TargetBound, compiled: CompiledRun, rounds: int,
+                   matmul_rate: float) -> TargetBound:
+    """`bound` with the TPU compiler's figures: its memory need and verdict, and the roofline
+    recomputed from its per-device cost analysis (`CompiledProgram.per_device`). A run it
+    refused keeps the datasheet's times (its programs were not all compiled)."""
+    bound = bound._replace(need_bytes=compiled.need_bytes, fits=compiled.fits,
+                           compiled=compiled)
+    if compiled.refused is not None:
+        return bound
+    target = bound.target
+
+    def seconds(cost: Cost) -> tuple[float, str]:  # one device's work: not divided again
+        parts = {"matmul": cost.matmul_flops / matmul_rate,
+                 "vector": (cost.flops - cost.matmul_flops) / target.vector,
+                 "memory": cost.bytes / target.bandwidth}
+        limit = max(parts, key=parts.get)
+        return parts[limit], limit
+
+    timed = [(p, *seconds(p.per_device())) for p in compiled.programs]
+    in_rounds = [(p, t, limit) for p, t, limit in timed if p.kind == "round"]
+    round_seconds = sum(t * p.calls for p, t, _ in in_rounds) / max(1, rounds)
+    limit = max(in_rounds, key=lambda item: item[1] * item[0].calls)[2] if in_rounds \
+        else bound.limit
+    return bound._replace(round_seconds=round_seconds, limit=limit,
+                          run_seconds=sum(t * p.calls for p, t, _ in timed))
 
 
 def _tree_bytes(tree) -> int:

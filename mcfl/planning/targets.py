@@ -63,6 +63,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target("tpu-v5e-8", "Cloud TPU v5e-8: 8 chips", 8, 197 * TERA, 197 * TERA, 197 * TERA,
            819 * GB, 16 * GIB,
            "Cloud TPU docs, TPU v5e: 197 TFLOPS bf16, 16 GiB HBM2, 819 GB/s per chip"),
+    Target("tpu-v6e-1", "Cloud TPU v6e (Trillium), 1 chip", 1, 918 * TERA, 918 * TERA,
+           918 * TERA, 1638 * GB, 32 * GB,
+           "Cloud TPU docs, TPU v6e: 918 TFLOPS bf16, 32 GB HBM, 1,638 GB/s per chip"),
 )}
 CPU_HERE = "cpu-here"
 NAMES = (CPU_HERE, *TARGETS)
@@ -71,7 +74,8 @@ DEFAULT = (CPU_HERE, "t4", "a100-40", "tpu-v2-8")
 
 # What `jax.Device.device_kind` says on each target (the first that matches is taken).
 DEVICE_KINDS = (("H200", "h200"), ("H100", "h100-80"), ("A100", "a100-40"), ("L4", "l4"),
-                ("T4", "t4"), ("TPU v2", "tpu-v2-8"), ("TPU v5 lite", "tpu-v5e-1"))
+                ("T4", "t4"), ("TPU v2", "tpu-v2-8"), ("TPU v5 lite", "tpu-v5e-1"),
+                ("TPU v6 lite", "tpu-v6e-1"))
 
 
 def for_device(device) -> str:

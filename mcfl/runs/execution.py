@@ -53,10 +53,12 @@ class RunPlan(NamedTuple):
         return min(self.block_size, self.clients_per_round)
 
 
-def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) -> RunPlan:
+def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None,
+             backend: Optional[str] = None) -> RunPlan:
     """The plan of `config` on `dataset` (a dataset without test rows is refused: runs are
     scored on them), training `model` (a flax module, factory or `ModelSpec`) when given, else
-    the config's."""
+    the config's. `backend`: the platform the run is planned for (default: this machine's),
+    which decides the block sizes and the model's fast paths."""
     if int(dataset.test_counts().sum()) == 0:
         if config.dataset == "leaf":
             where = ("its test/*.json files list none of them, or give --test-fraction to "
@@ -73,7 +75,7 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     given = model_of(config.model, model)
     model = make_model(given, dataset.feature_shape, dataset.num_classes, config.hidden,
                        config.conv, model_args=config.model_args, fast_paths=config.fast_paths,
-                       precision=config.precision)
+                       precision=config.precision, backend=backend)
     if is_users(given):
         check_first_batch(model, dataset, config)
     init_key = jax.random.key(0)  # shapes only
@@ -98,8 +100,9 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None) ->
     uniform_steps = bool(steps.size == 0 or steps.min() == steps.max())
     block_size = config.block_size or engine.default_block_size(
         params_count, per_round, low_rank=low_rank and model.dense_layers is not None,
-        uniform_steps=uniform_steps)
-    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients)
+        uniform_steps=uniform_steps, backend=backend)
+    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients,
+                                                                backend=backend)
     mean_steps = float(steps.mean()) if steps.size else 0.0
     return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block, privacy,
                    scans_rounds(config, mean_steps, params_count, per_round))

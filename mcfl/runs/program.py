@@ -202,18 +202,29 @@ class RoundProgram:
         return self.compile_rounds(values, state, rounds_keys, data)
 
     def compile_init(self, values, init_keys, data) -> None:
-        self._lower_and_compile({"init": (self._init, (values, init_keys, data))})
+        self._lower_and_compile(self.init_programs(values, init_keys, data))
 
     def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
         """Compile the rounds of every chunk length and the evaluation for a state like
         `state` (a state itself: its shardings are kept); the largest footprint of all."""
+        self._lower_and_compile(self.round_programs(values, state, rounds_keys, data))
+        sizes = [footprint(compiled) for _, compiled in self._compiled.values()]
+        return None if None in sizes else max(sizes)
+
+    def init_programs(self, values, init_keys, data) -> dict[Any, tuple[Callable, tuple]]:
+        """The initialisation to compile, by name: {name: (jitted function, arguments)}
+        (what `compile_init` compiles here and `mcfl.planning.tpu_compile` for a TPU)."""
+        return {"init": (self._init, (values, init_keys, data))}
+
+    def round_programs(self, values, state, rounds_keys, data
+                       ) -> dict[Any, tuple[Callable, tuple]]:
+        """The rounds of every chunk length (by their count) and the evaluation, for a state
+        like `state`: {name: (jitted function, arguments)}."""
         first = jnp.asarray(1, jnp.int32)
         programs = {count: (fn, (values, state, data, rounds_keys, first))
                     for count, fn in self._rounds.items()}
         programs["evaluate"] = (self._evaluate, (values, state, data))
-        self._lower_and_compile(programs)
-        sizes = [footprint(compiled) for _, compiled in self._compiled.values()]
-        return None if None in sizes else max(sizes)
+        return programs
 
     def _lower_and_compile(self, programs: dict[Any, tuple[Callable, tuple]]) -> None:
         """Trace, lower and compile each of `programs` (a jitted function and its arguments),

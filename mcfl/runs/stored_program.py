@@ -162,12 +162,24 @@ class StoredProgram(RoundProgram):
 
     # ---- compile
     def compile_init(self, values, init_keys, data) -> None:
-        if self.rows_kept:
-            self._lower_and_compile({"init": (self._init, (values, init_keys, data))})
+        self._lower_and_compile(self.init_programs(values, init_keys, data))
 
     def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
         if not self.rows_kept:
             return super().compile_rounds(values, state, rounds_keys, data)
+        self._lower_and_compile(self.round_programs(values, state, rounds_keys, data))
+        return None
+
+    def init_programs(self, values, init_keys, data) -> dict:
+        # (a streamed start's programs are compiled as it streams: `streamed_start`)
+        return super().init_programs(values, init_keys, data) if self.rows_kept else {}
+
+    def round_programs(self, values, state, rounds_keys, data) -> dict:
+        """The round and the evaluation of the rows in the store: drawing the round's clients
+        (`sample`), the round on their gathered rows, the evaluation of a chunk of clients,
+        and what evaluation asks of the state (assignments, test counts)."""
+        if not self.rows_kept:
+            return super().round_programs(values, state, rounds_keys, data)
         self.num_clients = int(data.num_clients)
         initial = self.initial if self.initial is not None else state.algorithm
         self.layout = self._layout(initial)
@@ -191,8 +203,7 @@ class StoredProgram(RoundProgram):
         if self._assignments is not None:
             programs["assignments"] = (self._assignments, (state,))
         programs["test_counts"] = (self._test_counts, (state, data))
-        self._lower_and_compile(programs)
-        return None
+        return programs
 
     def _packed_like(self, shape):
         """Abstract packed rows [*shape, row_bytes]."""
@@ -400,16 +411,19 @@ def announce(choice: StoreChoice) -> None:
 
 def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
                 jit_options: Optional[dict] = None, members: bool = False, traced=(),
-                member_count: int = 1, mesh=None, width=None, transform=None
-                ) -> tuple[RoundProgram, StoreChoice]:
+                member_count: int = 1, mesh=None, width=None, transform=None,
+                accelerator_free: Optional[int] = None) -> tuple[RoundProgram, StoreChoice]:
     """The program of `config` with the client store it asks for (a disk store in
     ``run_dir/client_store``, or without a run folder a temporary folder the program removes
-    when closed), and the store chosen. `transform`: the run's message transform."""
+    when closed), and the store chosen. `transform`: the run's message transform;
+    `accelerator_free`: the memory of an accelerator the run is planned for
+    (`choose_store`)."""
     extra = () if transform is None else (transform,)
     device = round_program(config, plan, data, traced, members, mesh, width, jit_options,
                            *extra)
     choice = choose_store(config.client_store, device.algorithm, config.algorithm,
-                          hyperparams(config, plan.model), data, member_count)
+                          hyperparams(config, plan.model), data, member_count,
+                          accelerator_free)
     if choice.kind == "device":
         return device, choice
     if distributed.process_count() > 1:
