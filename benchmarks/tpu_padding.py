@@ -62,6 +62,10 @@ def main(argv=None) -> int:
                                       "logical_bytes": p.logical_bytes,
                                       "padding_bytes": p.padding_bytes,
                                       "fusions": p.fusions,
+                                      "xla_flops": p.flops,
+                                      "xla_bytes_accessed": p.bytes_accessed,
+                                      "counted": p.counted._asdict(),
+                                      "counted_once": p.counted_once._asdict(),
                                       "per_device": p.per_device()._asdict()}
                              for p in run.programs}}
             for p in run.programs:

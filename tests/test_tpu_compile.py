@@ -99,7 +99,8 @@ def test_memory_padding_and_loops_against_hand_computed_figures():
     assert program.logical_bytes == 2 * 8 * 100 * 4
     assert program.padding_bytes == 2 * 8 * 28 * 4
 
-    # a scan of 10 matmuls: the compiler counts its body once, per_device() all 10
+    # a scan of 10 matmuls: the compiler counts its body once, per_device() all 10 (the
+    # nine further passes from mcfl's count)
     def ten(a):
         return jax.lax.scan(lambda c, _: (c @ a, None), a, None, length=10)[0]
 

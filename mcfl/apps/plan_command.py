@@ -224,8 +224,9 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
     compiled = [b for b in bounds if b.compiled is not None]
     if compiled:
         lines += ["(TPU compiler: the run compiled for that TPU by its own compiler; memory per "
-                  "device, fit and HBM are its figures, the times its per-device cost analysis "
-                  "with each loop run as often as it runs)", ""]
+                  "device, fit and HBM are its figures, the times from its per-device cost "
+                  "analysis, which counts each loop body once, with mcfl's count of the loops' "
+                  "further passes)", ""]
         for b in compiled:
             lines += _compiled_lines(b)
     if tpu_note:
@@ -258,7 +259,8 @@ def _compiled_lines(bound: TargetBound) -> list[str]:
         lines.append(f"  does NOT fit: {_size(c.need_bytes)} a device against "
                      f"{_size(c.hbm_bytes)}")
     lines.append("  (per device; padding: what the TPU's 8 x 128 tiles add to arguments and "
-                 "outputs; FLOPs: one call's, each loop run as often as it runs)")
+                 "outputs; FLOPs: one call's, the compiler's with mcfl's count of the loops' "
+                 "further passes)")
     return lines
 
 

@@ -113,7 +113,7 @@ def jaxpr_cost(jaxpr, trips: Optional[Trips] = None, occasional: str = "cheaper"
     """The `Cost` of running `jaxpr` (a Jaxpr or ClosedJaxpr) once, its loops included; `trips`:
     the mean iterations of each client loop, by its name; `occasional`: the side of an
     occasional cond counted, "cheaper" or "dearer" (module docstring). `each_loop_once`: every
-    loop body counted once, as XLA's cost analysis counts it (what scales the TPU compiler's
+    loop body counted once, as XLA's cost analysis counts it (what completes the TPU compiler's
     figures to whole loops: `mcfl.planning.tpu_compile`)."""
     if occasional not in ("cheaper", "dearer"):
         raise ValueError(f"occasional={occasional!r}: 'cheaper' or 'dearer'")

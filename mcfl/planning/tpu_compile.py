@@ -215,16 +215,15 @@ class CompiledProgram(NamedTuple):
         return self.argument_bytes + self.output_bytes - self.logical_bytes
 
     def per_device(self) -> Cost:
-        """One call's work on a device: the compiler's FLOPs and bytes (each loop body once),
-        scaled by how many times mcfl's count runs its loops (`counted` / `counted_once`; 1
-        for a program without loops). Its matmul share is mcfl's count's."""
-        def scaled(compiler: float, full: float, once: float) -> float:
-            return compiler * (full / once if once > 0 else 1.0)
-
-        flops = scaled(self.flops, self.counted.flops, self.counted_once.flops)
+        """One call's work on a device: the compiler's FLOPs and bytes, which count each loop
+        body once, plus mcfl's count of the loops' further passes (`counted` less
+        `counted_once`). Not the compiler's figures times the passes: work it hoists out of a
+        loop (a copy of the data made once a call) would be counted as often as the loop runs.
+        Its matmul share is mcfl's count's."""
+        flops = self.flops + max(0.0, self.counted.flops - self.counted_once.flops)
         share = self.counted.matmul_flops / self.counted.flops if self.counted.flops else 0.0
-        return Cost(flops, flops * share,
-                    scaled(self.bytes_accessed, self.counted.bytes, self.counted_once.bytes))
+        return Cost(flops, flops * share, self.bytes_accessed
+                    + max(0.0, self.counted.bytes - self.counted_once.bytes))
 
 
 class Refusal(NamedTuple):
@@ -442,5 +441,4 @@ def hbm_available(target: str) -> Optional[int]:
 
 __all__ = ["TOPOLOGIES", "CompiledProgram", "CompiledRun", "OutOfMemory", "Placement",
            "Refusal", "TpuCompileError", "compile_program", "compile_run", "devices",
-           "hbm_available",
-           "missing", "placement"]
+           "hbm_available", "missing", "placement"]
