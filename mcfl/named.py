@@ -37,6 +37,7 @@ class Registry:
         return add
 
     def names(self) -> tuple[str, ...]:
+        """Every registered name, in registration order."""
         return tuple(self._factories)
 
     def doc(self, name: str) -> str:

@@ -211,7 +211,8 @@ def _not_json(value) -> Optional[tuple[str, Any]]:
     return "value", value
 
 
-def _check_range(key: str, value, meta, kind: str) -> None:
+def _bounds(meta) -> list[str]:
+    """A field's range as ">= 0", "< 1", ... (empty when it has none)."""
     low, high = meta.get("minimum"), meta.get("maximum")
     above, below = meta.get("above"), meta.get("below")
     parts = []
@@ -223,6 +224,25 @@ def _check_range(key: str, value, meta, kind: str) -> None:
         parts.append(f"<= {high}")
     if below is not None:
         parts.append(f"< {below}")
+    return parts
+
+
+def allowed(cls, field: dataclasses.Field) -> str:
+    """What a setting accepts, in words: its type and range, or its choices (the docs'
+    hyperparameter tables; `check` enforces the same)."""
+    choices = field.metadata.get("choices")
+    if choices:
+        return "one of " + ", ".join(str(c) for c in choices)
+    hint = type_of(cls, field)
+    text = " ".join([_describe(hint)] + [" and ".join(_bounds(field.metadata))]).strip()
+    optional = typing.get_origin(hint) is Union and type(None) in typing.get_args(hint)
+    return f"{text}, or unset" if optional else text
+
+
+def _check_range(key: str, value, meta, kind: str) -> None:
+    low, high = meta.get("minimum"), meta.get("maximum")
+    above, below = meta.get("above"), meta.get("below")
+    parts = _bounds(meta)
     ok = ((low is None or value >= low) and (high is None or value <= high)
           and (above is None or value > above) and (below is None or value < below))
     if not ok:

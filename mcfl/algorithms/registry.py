@@ -98,10 +98,13 @@ def register(name: str, params: type = NoParams, *, summary: str, reference: str
 
 
 def names() -> tuple[str, ...]:
+    """Every registered algorithm's name, in registration order."""
     return tuple(REGISTRY)
 
 
 def get(name: str) -> AlgorithmSpec:
+    """The registration of algorithm `name`; an unknown name is a `ConfigError` listing the
+    registered ones."""
     if name not in REGISTRY:
         raise choice_error("algorithm", name, names())
     return REGISTRY[name]
