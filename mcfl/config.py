@@ -155,7 +155,7 @@ class SystemSettings:
     latency: float = setting(0.0, "seconds added to every message", minimum=0)
     device_trace: Optional[str] = setting(
         None, "a CSV or JSON file giving every client's speed, bandwidth, latency and online "
-        "intervals (README, 'Clients as they are'), instead of --device-speeds / --bandwidth")
+        "intervals (docs: 'Clients as they are'), instead of --device-speeds / --bandwidth")
     availability: str = setting(
         "always", "when clients can be sampled: always | diurnal:PERIOD,ON_FRACTION (online "
         "ON_FRACTION of every PERIOD seconds, phases at random) | trace:PERIOD (the trace's "
@@ -237,7 +237,7 @@ class ExecutionSettings:
 
 
 # The groups of a RunConfig: attribute name -> settings class, in the order flags, config
-# files and the README list them.
+# files and the docs list them.
 GROUPS: dict[str, type] = {
     "data": DataSettings,
     "network": ModelSettings,
@@ -266,7 +266,7 @@ class RunConfig:
     hyperparameters as ``params=`` their dataclass.
     """
 
-    algorithm: str = setting("fedavg", "the algorithm (see the table in the README)")
+    algorithm: str = setting("fedavg", "the algorithm (a registered name: the docs' algorithm pages)")
     rounds: int = setting(50, "communication rounds", minimum=1)
     seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
                         maximum=INT64_MAX)
@@ -399,14 +399,14 @@ def hint_of(key: str):
 
 
 def markdown_table() -> str:
-    """The README's table of the shared settings, by concern (generated; a test keeps the
-    README in step): flag, meaning, default."""
+    """The docs' table of the shared settings, by concern (docs/guide/running.md; generated,
+    a test keeps the page in step): flag, meaning, default."""
     lines = ["| flag | meaning | default |", "| --- | --- | --- |"]
     for group in ("run", *GROUPS):
         lines.append(f"| *{GROUP_TITLES[group]}* | | |")
         for key, f in SHARED_FIELDS.items():
             if GROUP_OF.get(key, "run") == group:
-                doc = "one of the registered algorithms (table below)" if key == "algorithm" \
+                doc = "one of the registered algorithms (the algorithm pages)" if key == "algorithm" \
                     else settings.doc_of(f)
                 default = "-" if f.default is None else f"`{_shown(f.default)}`"
                 lines.append(f"| `--{key.replace('_', '-')}` | {doc.replace('|', '/')} | "

@@ -15,7 +15,10 @@ from mcfl.algorithms import registry
 from mcfl.apps.cli import build_parser
 from mcfl.errors import ConfigError
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+RUNNING = ROOT / "docs" / "guide" / "running.md"  # the settings table
+EXTENDING = ROOT / "docs" / "extending.md"  # "Adding an algorithm"
 
 
 def test_the_readme_table_is_the_registry():
@@ -24,10 +27,10 @@ def test_the_readme_table_is_the_registry():
     assert table == registry.markdown_table()
 
 
-def test_the_readme_settings_table_is_the_config():
+def test_the_docs_settings_table_is_the_config():
     from mcfl.config import markdown_table
 
-    text = README.read_text()
+    text = RUNNING.read_text()
     table = text.split("<!-- settings:start -->\n")[1].split("\n<!-- settings:end -->")[0]
     assert table == markdown_table()
     for key in mcfl.config.SHARED_FIELDS:  # every setting has its row
@@ -58,11 +61,11 @@ def test_help_lists_every_hyperparameter_with_its_default():
     assert "(default 0.05)" in help_text
 
 
-def test_the_readme_example_registers_a_working_algorithm(tmp_path):
-    code = README.read_text().split("### Adding an algorithm")[1].split("```python\n")[1]
+def test_the_docs_example_registers_a_working_algorithm(tmp_path):
+    code = EXTENDING.read_text().split("## Adding an algorithm")[1].split("```python\n")[1]
     code = code.split("```")[0]
     try:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, str(EXTENDING), "exec"), {})
         assert "fedavgm" in registry.names()
         config = mcfl.RunConfig(algorithm="fedavgm", fedavgm_beta=0.5, clients=12, rounds=2,
                                 clients_per_round=4)

@@ -31,7 +31,7 @@ from mcfl.models import make_model, register
 from mcfl.models.spec import local_part
 from mcfl.models.structure import find_dense_stack
 
-README = Path(__file__).parent.parent / "README.md"
+OWN_MODEL_PAGE = Path(__file__).parent.parent / "docs" / "guide" / "models.md"
 
 
 class NormNet(nn.Module):
@@ -564,11 +564,11 @@ def test_local_training_of_a_config_carries_the_models_train_mode():
     assert local_training(mcfl.RunConfig(), make_model("mclr", (5,), 3)).train_apply is None
 
 
-def test_readme_own_model_example_runs(capsys):
-    """The README's "Your own model" block, as written: a flax CNN with dropout on numpy
-    arrays, a FeSEM run and a sweep; FeSEM finds the two planted groups."""
-    code = README.read_text().split("### Your own model")[1].split("```python\n")[1]
-    exec(compile(code.split("```")[0], "README.md", "exec"), {})
+def test_docs_own_model_example_runs(capsys):
+    """The docs' "Your own model" page's first block, as written: a flax CNN with dropout on
+    numpy arrays, a FeSEM run and a sweep; FeSEM finds the two planted groups."""
+    code = OWN_MODEL_PAGE.read_text().split("```python\n")[1]
+    exec(compile(code.split("```")[0], str(OWN_MODEL_PAGE), "exec"), {})
     run_line, sweep_line = capsys.readouterr().out.strip().splitlines()
     accuracy, ari = map(float, run_line.split())
     assert 0.2 < accuracy <= 1 and ari == 1.0

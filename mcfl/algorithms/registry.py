@@ -8,8 +8,9 @@ functions as an argument (``hp.params``, `base.Hyperparams`): registering makes 
 a pytree whose leaves are its traced fields (floats, `settings.is_traced`) and whose other
 fields are static. The run config validates an algorithm's hyperparameters
 through its dataclass; the command-line flags, `--help`, `mcfl run --algorithm` choices, the
-README's table and the conformance tests (tests/test_conformance.py) all read this registry,
-so a new algorithm is one file and its registration (README, "Adding an algorithm").
+README's table, the docs' algorithm pages (`mcfl.reference.algorithm_pages`) and the
+conformance tests (tests/test_conformance.py) all read this registry, so a new algorithm is one
+file and its registration (docs/extending.md, "Adding an algorithm").
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class AlgorithmSpec(NamedTuple):
     name: str
     params: type  # frozen dataclass of `settings.setting` fields
     factory: Callable[[AlgorithmContext], Any]
-    summary: str  # what a round does, one line (README table, --help)
+    summary: str  # what a round does, one line (README table, its docs page, --help)
     reference: str  # the paper it implements
     clustered: bool  # whether it uses K = --clusters
     # whether its server steps on the simulated clock as clients arrive (mcfl.system.events)

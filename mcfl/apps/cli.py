@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="checkpoint every N rounds (default: every 5 minutes; always at "
                        "the end and on Ctrl-C / SIGTERM)")
     p_run.add_argument("--coordinator", metavar="HOST:PORT",
-                       help="multi-process run: the address of process 0 (see README)")
+                       help="multi-process run: the address of process 0 (docs: accelerators)")
     p_run.add_argument("--num-processes", type=int, metavar="N",
                        help="multi-process run: how many processes take part")
     p_run.add_argument("--process-id", type=int, metavar="I",

@@ -1,6 +1,6 @@
 """The client engine: local training of many clients as one jitted computation.
 
-Modules, one job each (see README, "How the engine works"):
+Modules, one job each (see docs/architecture.md, "How the engine works"):
 
 * `training`: one client's local training (`LocalTraining`: what a client does in a round;
   `local_train`, and `local_train_factored` for a CNN's one large layer).
