@@ -266,7 +266,8 @@ class RunConfig:
     hyperparameters as ``params=`` their dataclass.
     """
 
-    algorithm: str = setting("fedavg", "the algorithm (a registered name: the docs' algorithm pages)")
+    algorithm: str = setting("fedavg", "the algorithm (a registered name: the docs' "
+                                       "algorithm pages)")
     rounds: int = setting(50, "communication rounds", minimum=1)
     seed: int = setting(0, "seed of the run (initial model, sampling, shuffles)", minimum=0,
                         maximum=INT64_MAX)
@@ -406,8 +407,8 @@ def markdown_table() -> str:
         lines.append(f"| *{GROUP_TITLES[group]}* | | |")
         for key, f in SHARED_FIELDS.items():
             if GROUP_OF.get(key, "run") == group:
-                doc = "one of the registered algorithms (the algorithm pages)" if key == "algorithm" \
-                    else settings.doc_of(f)
+                doc = ("one of the registered algorithms (the algorithm pages)"
+                       if key == "algorithm" else settings.doc_of(f))
                 default = "-" if f.default is None else f"`{_shown(f.default)}`"
                 lines.append(f"| `--{key.replace('_', '-')}` | {doc.replace('|', '/')} | "
                              f"{default} |")

@@ -88,7 +88,8 @@ def test_an_algorithm_page_is_its_registration():
     assert page.startswith("# `cfl`") and spec.reference in page
     for field in dataclasses.fields(spec.params):  # every hyperparameter, with its default
         key = settings.key_of(field)
-        row = next(line for line in page.splitlines() if line.startswith(f"| `--{key.replace('_', '-')}`"))
+        flag = f"| `--{key.replace('_', '-')}`"
+        row = next(line for line in page.splitlines() if line.startswith(flag))
         assert f"`{field.default}`" in row or field.default in (True, False, None)
     assert "| `--cfl-separation` / `cfl_separation` | `0.1` | a number >= -2 and <= 2 |" in page
     assert "Client-level DP does not apply: its server bipartitions clients" in page
