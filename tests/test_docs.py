@@ -170,3 +170,35 @@ def test_the_readme_python_runs(capsys):
     assert fesem.startswith("FeSEM accuracy") and fesem.endswith("groups recovered (ARI) 1.0")
     assert re.fullmatch(r"FedAvg accuracy 0\.\d+ \+/- 0\.\d+", fedavg)
     assert mcfl.RunConfig  # the block's names are the package's
+
+
+def test_the_getting_started_python_runs(capsys):
+    """The getting-started page's Python block, as written: a FeSEM run that recovers the
+    planted groups, then a sweep with a row per value of lambda."""
+    page = ROOT / "docs" / "getting-started.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], str(page), "exec"), {})
+    run_line, *rows = capsys.readouterr().out.strip().splitlines()
+    accuracy, ari = map(float, run_line.split())
+    assert 0.2 < accuracy <= 1 and ari == 1.0
+    assert [float(row.split()[0]) for row in rows] == [0.01, 0.1]
+
+
+def test_the_getting_started_command_runs(tmp_path):
+    """The getting-started page's first `mcfl run` command, as written (its folder moved to
+    tmp_path): the run folder it describes is written, and it recovers the planted groups."""
+    import json
+    import shlex
+
+    from mcfl.apps.cli import main
+
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    command = next(block for block in re.findall(r"```bash\n(.*?)```", page, re.S)
+                   if block.startswith("mcfl run"))
+    argv = shlex.split(command.replace("\\\n", " "))[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "fesem")
+    assert main(argv) == 0
+    for name in ("run.json", "rounds.csv", "clients.csv", "summary.json"):
+        assert (tmp_path / "fesem" / name).is_file(), name
+    assert json.loads((tmp_path / "fesem" / "summary.json").read_text())["cluster_ari"] == 1.0
