@@ -42,9 +42,15 @@ def included_pages() -> None:
 
 
 def algorithm_pages() -> list[str]:
+    """A page per registered algorithm, and the overview's table linked to them."""
     names = list(registry.names())
     for name in names:
         write(page_path(name), algorithm_page(name))
+    overview = (ROOT / "docs" / "algorithms" / "index.md").read_text()
+    before, rest = overview.split("<!-- algorithms:start -->\n")
+    _, after = rest.split("\n<!-- algorithms:end -->")
+    linked = registry.markdown_table(link=lambda name: f"{name}.md")
+    write("algorithms/index.md", f"{before}{linked}{after}")
     return names
 
 

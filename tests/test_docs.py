@@ -40,6 +40,9 @@ def site(tmp_path_factory):
 def test_the_site_has_a_page_per_registered_algorithm(site):
     pages = {p.name for p in (site / "algorithms").iterdir() if (p / "index.html").exists()}
     assert pages == set(registry.names())
+    overview = (site / "algorithms" / "index.html").read_text()
+    for name in registry.names():  # the overview's table links every page
+        assert f'href="{name}/"' in overview, name
     fesem = (site / "algorithms" / "fesem" / "index.html").read_text()
     assert "Eq. 9" in fesem and "fesem_restarts" in fesem  # the docstring and the table
 

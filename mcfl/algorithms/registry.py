@@ -145,15 +145,17 @@ def params_from_flat(name: str, values: dict[str, Any]):
     return settings.build(spec.params, values, f"{name} hyperparameter")
 
 
-def markdown_table() -> str:
-    """The README's table of algorithms (generated; a test keeps the README in step)."""
+def markdown_table(link: Optional[Callable[[str], str]] = None) -> str:
+    """The README's table of algorithms (generated; a test keeps the README in step); with
+    `link`, each name links to ``link(name)`` (the docs site's algorithm pages)."""
     lines = ["| `--algorithm` | what a round does | hyperparameters (default) | paper |",
              "| --- | --- | --- | --- |"]
     for spec in REGISTRY.values():
         params = ", ".join(
             f"`--{settings.key_of(f).replace('_', '-')}` ({_shown(f.default)})"
             for f in dataclasses.fields(spec.params)) or "-"
-        lines.append(f"| `{spec.name}` | {spec.summary} | {params} | {spec.reference} |")
+        name = f"[`{spec.name}`]({link(spec.name)})" if link else f"`{spec.name}`"
+        lines.append(f"| {name} | {spec.summary} | {params} | {spec.reference} |")
     return "\n".join(lines)
 
 
