@@ -5,8 +5,10 @@ stays short and its commands and Python run."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import types
@@ -17,7 +19,7 @@ import pytest
 import mcfl
 from mcfl import settings
 from mcfl.algorithms import registry
-from mcfl.apps.cli import build_parser
+from mcfl.apps.cli import build_parser, main
 from mcfl.reference import algorithm_pages, api_check, cli_page, site_links
 from mcfl.reference.partition_pictures import RECIPES, file_name
 
@@ -191,11 +193,6 @@ def test_the_getting_started_python_runs(capsys):
 def test_the_getting_started_command_runs(tmp_path):
     """The getting-started page's first `mcfl run` command, as written (its folder moved to
     tmp_path): the run folder it describes is written, and it recovers the planted groups."""
-    import json
-    import shlex
-
-    from mcfl.apps.cli import main
-
     page = (ROOT / "docs" / "getting-started.md").read_text()
     command = next(block for block in re.findall(r"```bash\n(.*?)```", page, re.S)
                    if block.startswith("mcfl run"))
