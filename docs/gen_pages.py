@@ -38,7 +38,6 @@ def included_pages() -> None:
     for source, page in INCLUDED.items():
         text = (ROOT / source).read_text()
         write(page, with_site_links(text, page))
-        mkdocs_gen_files.set_edit_path(page, f"../{source}")
 
 
 def algorithm_pages() -> list[str]:

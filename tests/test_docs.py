@@ -98,6 +98,10 @@ def test_an_algorithm_page_is_its_registration():
         assert f"`{field.default}`" in row or field.default in (True, False, None)
     assert "| `--cfl-separation` / `cfl_separation` | `0.1` | a number >= -2 and <= 2 |" in page
     assert "Client-level DP does not apply: its server bipartitions clients" in page
+    flexcfl = algorithm_pages.algorithm_page("flexcfl")  # an optional setting and a choice
+    assert "| `--pretrain-steps` / `pretrain_steps` | unset | an integer >= 1, or unset |" \
+        in flexcfl
+    assert "| `--measure` / `measure` | `edc` | one of edc, madc, random |" in flexcfl
 
 
 def test_what_each_algorithm_keeps_per_client():
