@@ -12,7 +12,6 @@ failed build.
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import mkdocs_gen_files
@@ -22,7 +21,7 @@ from mcfl.algorithms import registry
 from mcfl.reference.algorithm_pages import algorithm_page, page_path
 from mcfl.reference.api_check import undocumented_public_names
 from mcfl.reference.cli_page import cli_page
-from mcfl.reference.partition_pictures import RECIPES, draw, file_name, partitions_section
+from mcfl.reference.partition_pictures import RECIPES, draw, file_name, partitions_page
 from mcfl.reference.site_links import INCLUDED, with_site_links
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,14 +53,10 @@ def algorithm_pages() -> list[str]:
 
 
 def partition_pictures() -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        for recipe in RECIPES:
-            name = file_name(recipe.partition)
-            draw(recipe, Path(folder) / name)
-            with mkdocs_gen_files.open(f"images/partitions/{name}", "wb") as f:
-                f.write((Path(folder) / name).read_bytes())
-    write("guide/partitions.md", "# Partition recipes, drawn\n\n"
-          + partitions_section("../images/partitions").split("\n", 2)[2])
+    for recipe in RECIPES:
+        with mkdocs_gen_files.open(f"images/partitions/{file_name(recipe.partition)}", "wb") as f:
+            draw(recipe, f)
+    write("guide/partitions.md", partitions_page("../images/partitions"))
 
 
 def notebooks() -> None:

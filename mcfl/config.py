@@ -409,18 +409,10 @@ def markdown_table() -> str:
             if GROUP_OF.get(key, "run") == group:
                 doc = ("one of the registered algorithms (the algorithm pages)"
                        if key == "algorithm" else settings.doc_of(f))
-                default = "-" if f.default is None else f"`{_shown(f.default)}`"
+                default = "-" if f.default is None else f"`{settings.shown(f.default)}`"
                 lines.append(f"| `--{key.replace('_', '-')}` | {doc.replace('|', '/')} | "
                              f"{default} |")
     return "\n".join(lines)
-
-
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 def _validate(c: RunConfig) -> None:

@@ -227,6 +227,16 @@ def _bounds(meta) -> list[str]:
     return parts
 
 
+def shown(value) -> str:
+    """A setting's value as tables and help show it: booleans as on / off, a tuple as its
+    comma-separated items (as a flag takes it)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 def allowed(cls, field: dataclasses.Field) -> str:
     """What a setting accepts, in words: its type and range, or its choices (the docs'
     hyperparameter tables; `check` enforces the same)."""

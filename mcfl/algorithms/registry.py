@@ -152,17 +152,11 @@ def markdown_table(link: Optional[Callable[[str], str]] = None) -> str:
              "| --- | --- | --- | --- |"]
     for spec in REGISTRY.values():
         params = ", ".join(
-            f"`--{settings.key_of(f).replace('_', '-')}` ({_shown(f.default)})"
+            f"`--{settings.key_of(f).replace('_', '-')}` ({settings.shown(f.default)})"
             for f in dataclasses.fields(spec.params)) or "-"
         name = f"[`{spec.name}`]({link(spec.name)})" if link else f"`{spec.name}`"
         lines.append(f"| {name} | {spec.summary} | {params} | {spec.reference} |")
     return "\n".join(lines)
-
-
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
 
 
 if __name__ == "__main__":  # python -m mcfl.algorithms.registry: the README's table

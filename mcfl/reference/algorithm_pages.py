@@ -101,7 +101,7 @@ def hyperparameter_table(spec: AlgorithmSpec) -> str:
         key = settings.key_of(field)
         traced = settings.is_traced(spec.params, field)
         sweep = "one program (traced)" if traced else "a program per value"
-        lines.append(f"| `--{key.replace('_', '-')}` / `{key}` | {_shown(field.default)} | "
+        lines.append(f"| `--{key.replace('_', '-')}` / `{key}` | {_default(field.default)} | "
                      f"{settings.allowed(spec.params, field)} | {sweep} | "
                      f"{_cell(settings.doc_of(field))} |")
     return "\n".join(lines)
@@ -181,9 +181,8 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
+def _default(value) -> str:
+    """A default in the table: on / off as words, other values as code, None as unset."""
     if value is None:
         return "unset"
-    return f"`{value}`"
+    return settings.shown(value) if isinstance(value, bool) else f"`{settings.shown(value)}`"

@@ -10,7 +10,7 @@ changes its picture.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple, Union
 
 import numpy as np
 
@@ -48,8 +48,8 @@ def file_name(partition: str) -> str:
     return partition.replace(":", "-").replace("@", "-").replace(".", "_") + ".png"
 
 
-def draw(recipe: Recipe, path: Path) -> Path:
-    """Draw `recipe`'s picture to `path` (PNG)."""
+def draw(recipe: Recipe, out: Union[Path, BinaryIO]) -> None:
+    """Draw `recipe`'s picture as a PNG to `out`, a path or a binary file."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,9 +83,8 @@ def draw(recipe: Recipe, path: Path) -> Path:
         heat.set_ylabel(f"client (of {dataset.num_clients})")
     if rotates:
         _one_digit_per_group(fig, grid[1, :], dataset, len(np.unique(groups)))
-    fig.savefig(path, dpi=80, bbox_inches="tight")
+    fig.savefig(out, format="png", dpi=80, bbox_inches="tight")
     plt.close(fig)
-    return path
 
 
 def _one_digit_per_group(fig, cell, dataset, num_groups: int) -> None:
@@ -105,9 +104,9 @@ def _one_digit_per_group(fig, cell, dataset, num_groups: int) -> None:
         ax.set(xticks=[], yticks=[], xlabel=f"group {group}")
 
 
-def partitions_section(image_folder: str) -> str:
-    """The datasets page's gallery: one picture a recipe, `image_folder` relative to the page."""
-    lines = ["## Every partition recipe, drawn", "",
+def partitions_page(image_folder: str) -> str:
+    """The gallery page: one picture a recipe, `image_folder` relative to the page."""
+    lines = ["# Partition recipes, drawn", "",
              f"Each picture is the recipe applied to scikit-learn's digits ({NUM_CLIENTS} "
              "clients, seed 0), drawn when this site was built: each row a client, its label "
              "shares as colours; beside it, the planted group of each client where the recipe "
