@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-import mcfl
 from mcfl import settings
 from mcfl.algorithms import registry
 from mcfl.apps.cli import build_parser, main
@@ -178,7 +177,8 @@ def test_the_readme_python_runs(capsys):
     fesem, fedavg = capsys.readouterr().out.strip().splitlines()
     assert fesem.startswith("FeSEM accuracy") and fesem.endswith("groups recovered (ARI) 1.0")
     assert re.fullmatch(r"FedAvg accuracy 0\.\d+ \+/- 0\.\d+", fedavg)
-    assert mcfl.RunConfig  # the block's names are the package's
+    # one model cannot fit four labellings: the clustered run is far ahead (0.89 against 0.31)
+    assert float(fesem.split()[2]) > float(fedavg.split()[2]) + 0.3
 
 
 def test_the_getting_started_python_runs(capsys):
