@@ -26,7 +26,7 @@ def main() -> None:
     out = {}
     for name, own in WORKLOADS.items():
         config = mcfl.RunConfig(**{**BASE, **own})
-        data = mcfl.data.load_dataset(config)
+        data = mcfl.load_dataset(config)
         times = {"plain": [], "dp": []}
         for _ in range(args.repeats):
             for kind, extra in (("plain", {}), ("dp", DP)):

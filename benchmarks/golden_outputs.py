@@ -30,13 +30,20 @@ SMALL = {"pretrain_scale": 2, "cfl_warmup": 1, "fesem_restarts": 2, "flhc_warmup
 LAYERED = ("fedper", "lg_fedavg", "fedrep")
 
 
-def base_config(**changes):
+def base_config(sweep_base: bool = False, **changes):
     import mcfl
+    from mcfl.algorithms import get
 
     settings = dict(dataset="synthetic", clients=30, clients_per_round=8, rounds=3,
                     eval_every=1, model="mclr", local_steps=2, batch_size=10, clusters=3,
                     seed=1, lr=0.05, embed_clients=0)
     settings.update(changes)
+    if not get(settings.get("algorithm", "fedavg")).clustered:
+        # K and the embedding are the clustered algorithms' own (a run refuses them otherwise;
+        # a sweep over algorithms keeps them for its clustered members)
+        if not sweep_base:
+            settings.pop("clusters")
+            settings.pop("embed_clients")
     return mcfl.RunConfig(**settings)
 
 
@@ -48,7 +55,14 @@ def algorithm_config(name: str, **changes):
     extra = {k: v for k, v in SMALL.items() if k in takes}
     if name in LAYERED:
         extra.update(model="mlp", hidden=(8,))
-    return base_config(algorithm=name, **extra, **changes)
+    config = base_config(algorithm=name, **extra, **changes)
+    # what a run of `name` refuses as unused, at its default (the same run: it was unused)
+    unused = {"clients_per_round": None} if get(name).asynchronous else {}
+    if name == "cflgp":  # its gradient protocol trains nothing locally
+        unused.update(lr=0.01, local_steps=None)
+    if name == "fedsgd":  # a full-batch gradient: no local steps
+        unused.update(local_steps=None)
+    return config.replace(**unused) if unused else config
 
 
 def image_data(num_clients: int = 12):
@@ -84,8 +98,10 @@ def cases() -> dict:
                     model="cnn-cifar-bn", bn="local"), dataset=image_data()))
     for algorithm, shift in (("fedavg", "swap_all"), ("ifca", "swap_part"),
                              ("flexcfl", "incremental"), ("ditto", "swap_all")):
-        out[f"shift-{shift}-{algorithm}"] = lambda a=algorithm, s=shift: ("run", mcfl.run(
-            algorithm_config(a, shift=s, shift_prob=0.7, shift_interval=1, rounds=4)))
+        # (a swap's chance, incremental's interval: each shift takes its own)
+        own = {"shift_interval": 1} if shift == "incremental" else {"shift_prob": 0.7}
+        out[f"shift-{shift}-{algorithm}"] = lambda a=algorithm, s=shift, own=own: (
+            "run", mcfl.run(algorithm_config(a, shift=s, rounds=4, **own)))
     for algorithm in ("flexcfl", "ifca", "ditto"):
         out[f"schedule-{algorithm}"] = lambda a=algorithm: ("run", mcfl.run(
             algorithm_config(a, client_sampling="round_robin_first")))
@@ -96,7 +112,7 @@ def cases() -> dict:
     out["sweep-fesem-lr"] = lambda: ("sweep", mcfl.sweep(
         algorithm_config("fesem"), seeds=2, grid={"lr": [0.02, 0.05]}))
     out["sweep-algorithms"] = lambda: ("sweep", mcfl.sweep(
-        base_config(algorithm="fedprox"), seeds=2,
+        base_config(True, algorithm="fedprox"), seeds=2,
         grid={"algorithm": ["fedprox", "ifca", "ditto"]}))
     return out
 

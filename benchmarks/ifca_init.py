@@ -15,7 +15,7 @@ import argparse
 import statistics
 
 import mcfl
-from mcfl.data import load_dataset
+from mcfl import load_dataset
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ import argparse
 import time
 
 import mcfl
-from mcfl.data import load_dataset
+from mcfl import load_dataset
 
 ALGORITHMS = {
     "fedavg": {},

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import mcfl
-from mcfl.data import load_dataset
+from mcfl import load_dataset
 
 ALGORITHMS = {
     "fedavg": {},

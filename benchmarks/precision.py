@@ -24,7 +24,7 @@ import argparse
 import numpy as np
 
 import mcfl
-from mcfl.data import load_dataset
+from mcfl import load_dataset
 
 TIMING = {
     "mlp": dict(model="mlp", hidden=(200, 200), clients=100),

@@ -19,9 +19,9 @@ import time
 import jax
 import numpy as np
 
+from mcfl import load_dataset
 from mcfl.algorithms import build_algorithm, hyperparams, ifca
 from mcfl.config import from_dict, load_file
-from mcfl.data import load_dataset
 from mcfl.engine.sampling import sample_clients
 from mcfl.runs.execution import plan_run
 

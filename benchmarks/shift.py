@@ -17,7 +17,7 @@ import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.data import load_dataset
+from mcfl import load_dataset
 
 
 def current_ari(result, dataset, algorithm_view):

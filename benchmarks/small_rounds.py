@@ -30,16 +30,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mcfl import run  # noqa: E402
-from mcfl.apps.bench_data import benchmark_dataset  # noqa: E402
-from mcfl.apps.bench_point import FEATURES, Point, _planned, training_config  # noqa: E402
-from mcfl.files.atomic import write_json  # noqa: E402
-
 import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+
+from mcfl import run  # noqa: E402
+from mcfl.apps.bench_data import benchmark_dataset  # noqa: E402
+from mcfl.apps.bench_point import FEATURES, Point, _planned, training_config  # noqa: E402
+from mcfl.files.atomic import write_json  # noqa: E402
 
 VARIANTS = {"block8-off": {"block_size": 8, "scan_rounds": "off"},
             "block8-on": {"block_size": 8, "scan_rounds": "on"},

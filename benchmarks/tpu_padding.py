@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tpu_fit import WORKLOADS, shaped_dataset  # noqa: E402
 
+from mcfl import load_dataset  # noqa: E402
 from mcfl.apps.bench_point import Point, training_config  # noqa: E402
 from mcfl.config import RunConfig  # noqa: E402
-from mcfl.data import load_dataset  # noqa: E402
 from mcfl.files.atomic import write_json  # noqa: E402
 from mcfl.planning import tpu_compile  # noqa: E402
 from mcfl.planning.estimate import client_loop_trips, estimate_run  # noqa: E402

@@ -10,7 +10,10 @@ and documented (`mcfl.settings`) and has a *flat key*, its name in config files,
 (``--local-epochs``) and Python: ``RunConfig(lr=0.05, mu=1.0)``, ``config.lr``,
 ``config.replace(lr=0.1)`` and ``config.to_dict()`` all speak flat keys, whatever group holds
 them. Unknown keys, values of the wrong type or out of range, and hyperparameters of another
-algorithm raise `ConfigError` naming the key, the value and what is allowed.
+algorithm raise `ConfigError` naming the key, the value and what is allowed. A config is what
+the user said; what it means together (a setting that does not apply, settings that
+contradict each other) is checked when it is resolved into what will run
+(`mcfl.runs.plan.resolve`), the one place below which nothing reads a config.
 """
 
 from __future__ import annotations
@@ -26,13 +29,10 @@ import tomllib
 from mcfl import settings
 from mcfl.algorithms import registry
 from mcfl.data.settings import DataSettings, check_data, counts_own_clients, default_clients
-from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
-from mcfl.privacy import support
 from mcfl.settings import INT64_MAX, Static, setting
-from mcfl.system.devices import DEADLINE_POLICIES, system_model
-from mcfl.system.trace import read_trace
+from mcfl.system.devices import DEADLINE_POLICIES
 
 SHIFTS = ("none", "swap_all", "swap_part", "incremental")
 OPTIMIZERS = ("sgd", "momentum", "adam")  # as mcfl.engine.training.OPTIMIZERS
@@ -329,7 +329,9 @@ class RunConfig:
 
     def replace(self, **changes) -> RunConfig:
         """A new config with `changes` (flat keys). Changing the algorithm keeps the
-        hyperparameters the new one shares with the old (same key) and drops the others."""
+        hyperparameters the new one shares with the old (same key) and drops the others, and
+        the shared settings only some algorithms take when the new one does not
+        (`not_taken_by`: K for a single-model algorithm, ...)."""
         values = self.to_dict()
         new = changes.get("algorithm", self.algorithm)
         if new != self.algorithm:
@@ -337,6 +339,8 @@ class RunConfig:
             for key in settings.as_flat(self.params):
                 if key not in keep:
                     values.pop(key)
+            for key in not_taken_by(new, changes.get("bn", self.bn)):
+                values.pop(key)
         return from_dict({**values, **changes})
 
     def to_dict(self) -> dict[str, Any]:
@@ -379,6 +383,39 @@ OWNER: dict[str, type] = {**{k: RunConfig for k in RUN_FIELDS},
                              for f in dataclasses.fields(cls)}}
 
 
+# Shared settings that only some algorithms take: the clustered ones (K, FlexCFL's score,
+# the 2-D embedding of clustered runs), and those that keep state per client (where it lives
+# and its dtype). A run of another algorithm refuses them (`mcfl.runs.plan`).
+CLUSTERED_ONLY = ("clusters", "score", "embed_clients")
+KEPT_STATE_ONLY = ("client_store", "client_store_dtype")
+# A value of such a setting that asks nothing of an algorithm without it: no 2-D embedding.
+INERT_VALUES: dict[str, Any] = {"embed_clients": 0}
+
+
+def asks_nothing(key: str, value: Any) -> bool:
+    """Whether `value` of the shared setting `key` asks nothing of an algorithm that does not
+    take it (its default, or `INERT_VALUES`), so such a run may carry it."""
+    return value == SHARED_FIELDS[key].default or (key in INERT_VALUES
+                                                  and value == INERT_VALUES[key])
+
+
+def keeps_client_state(algorithm: str, bn: str) -> bool:
+    """Whether a run of `algorithm` keeps something per client: its own state, or FedBN's
+    batch-norm layers (`bn` local), which are rows of the client store too."""
+    return registry.get(algorithm).keeps != "nothing" or bn == "local"
+
+
+def not_taken_by(algorithm: str, bn: str = "global") -> tuple[str, ...]:
+    """The shared settings `algorithm` (with batch norm `bn`) does not take (`CLUSTERED_ONLY`,
+    `KEPT_STATE_ONLY`): what changing a config's algorithm to it drops, as it drops the
+    hyperparameters it does not share."""
+    spec = registry.get(algorithm)
+    return ((() if spec.clustered else CLUSTERED_ONLY)
+            + (() if keeps_client_state(algorithm, bn) else ("client_store",))
+            # (FedBN's layers are kept in float32 whatever the dtype of an algorithm's rows)
+            + (() if spec.keeps != "nothing" else ("client_store_dtype",)))
+
+
 def algorithm_names() -> tuple[str, ...]:
     return registry.names()
 
@@ -410,94 +447,18 @@ def markdown_table() -> str:
                 doc = ("one of the registered algorithms (the algorithm pages)"
                        if key == "algorithm" else settings.doc_of(f))
                 default = "-" if f.default is None else f"`{settings.shown(f.default)}`"
-                lines.append(f"| `--{key.replace('_', '-')}` | {doc.replace('|', '/')} | "
+                lines.append(f"| {settings.flag_text(key, isinstance(f.default, bool))} | "
+                             f"{doc.replace('|', '/')} | "
                              f"{default} |")
     return "\n".join(lines)
 
 
 def _validate(c: RunConfig) -> None:
+    """The checks of a config's own values: a known dataset and partition (`check_data`), a
+    model that can be found. What the settings mean together is the plan's to check
+    (`mcfl.runs.plan.resolve`), so that a sweep's members may complete a base config."""
     check_data(c.data)
     check_model_name(c.model)
-    if c.low_rank == "on" and (c.client_optimizer != "sgd" or c.weight_decay != 0):
-        raise ConfigError(
-            "low_rank=on needs plain SGD (client_optimizer=sgd, weight_decay=0); got "
-            f"client_optimizer={c.client_optimizer}, weight_decay={c.weight_decay}"
-        )
-    if c.low_rank == "on" and c.precision != "float32":
-        raise ConfigError(f"low_rank=on needs precision=float32 (the factored paths compute "
-                          f"in float32), got precision={c.precision}")
-    _check_privacy(c)
-    _check_system(c)
-    check = getattr(c.params, "check", None)
-    if check is not None:  # an algorithm's checks across settings (clients may be None)
-        check(c)
-    if c.clients is None:  # a natural dataset's users, counted when it is loaded
-        return
-    if c.clustered and c.clusters > c.clients:
-        raise ConfigError(
-            f"clusters (K = {c.clusters}) cannot exceed the number of clients ({c.clients})"
-        )
-    resolve_clients_per_round(c.clients_per_round, c.clients)
-
-
-def _check_privacy(c: RunConfig) -> None:
-    """DP's settings together: which algorithms take them, and which go with which."""
-    given = [k for k in ("dp_noise", "dp_epsilon", "dp_delta", "dp_epsilon_budget",
-                         "dp_adaptive_quantile") if getattr(c, k) is not None]
-    if c.dp_clip_per_layer:
-        given.append("dp_clip_per_layer")
-    if c.dp_canaries:
-        given.append("dp_canaries")
-    if c.dp_clip is None:
-        if given:
-            raise ConfigError(f"{', '.join(given)} need(s) --dp-clip C (client-level DP is on "
-                              f"when the clipping norm is given)")
-        if c.client_sampling == "poisson":
-            support.covered(c.algorithm)  # its rounds honour the reporting mask
-        return
-    support.covered(c.algorithm)
-    if c.dp_adaptive_quantile is not None:
-        support.check_adaptive(c.algorithm)
-    if (c.dp_noise is None) == (c.dp_epsilon is None):
-        raise ConfigError("client-level DP needs exactly one of --dp-noise (the noise "
-                          "multiplier) and --dp-epsilon (the target it is solved for); got "
-                          + ("both" if c.dp_noise is not None else "neither"))
-    if c.dp_canaries and c.algorithm not in support.CANARY_ALGORITHMS:
-        raise ConfigError(f"--dp-canaries measures the change of one global model; "
-                          f"--algorithm {c.algorithm} is not one of "
-                          f"{', '.join(support.CANARY_ALGORITHMS)}")
-    if c.client_sampling == "round_robin_first":
-        raise ConfigError("client-level DP accounts for random or poisson client sampling; "
-                          "--client-sampling round_robin_first is neither")
-
-
-def _check_system(c: RunConfig) -> None:
-    """The clients-as-they-are settings together (`mcfl.system`): each one parsed, and which
-    go with which."""
-    system = system_model(c)
-    asynchronous = registry.get(c.algorithm).asynchronous
-    if system is None:
-        return
-    if c.device_trace is not None and (c.device_speeds is not None or c.bandwidth is not None
-                                       or c.latency > 0):
-        raise ConfigError("--device-trace gives every client's speed, bandwidth and latency; "
-                          "drop --device-speeds / --bandwidth / --latency, or the trace")
-    if c.device_trace is not None and c.clients is not None:  # read now: exit 2, not later
-        read_trace(c.device_trace, c.clients, system.availability.period
-                   if system.availability.kind == "trace" else None)
-    if system.availability.kind == "trace" and c.device_trace is None:
-        raise ConfigError(f"--availability {c.availability} reads the online intervals of "
-                          f"--device-trace FILE, which is not given")
-    if system.samples_itself and c.client_sampling != "random":
-        raise ConfigError(f"--client-sampling {c.client_sampling} chooses the round's clients "
-                          f"itself; --availability / --over-select choose them among the "
-                          f"online ones: use --client-sampling random with them")
-    if system.samples_itself and c.dp_clip is not None:
-        raise ConfigError("client-level DP accounts for clients sampled uniformly; "
-                          "--availability / --over-select sample otherwise")
-    if asynchronous and (c.deadline is not None or c.over_select > 0):
-        raise ConfigError(f"--algorithm {c.algorithm} is asynchronous: its server never "
-                          f"waits for a round, so --deadline / --over-select do not apply")
 
 
 def from_dict(values: dict[str, Any]) -> RunConfig:

@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from mcfl.errors import ConfigError
+from mcfl.errors import ConfigError, first_line
 
 
 class Registry:
@@ -74,6 +74,12 @@ def import_factory(kind: str, name: str) -> Callable:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigError(f"{kind} {name!r}: cannot import {module_name!r} ({e})") from None
+    except SyntaxError as e:  # (its file and line: the user's module, not mcfl)
+        raise ConfigError(f"{kind} {name!r}: module {module_name!r} does not parse: {e.msg} "
+                          f"({e.filename}, line {e.lineno})") from None
+    except Exception as e:  # noqa: BLE001 - any failure of the user's module as it imports
+        raise ConfigError(f"{kind} {name!r}: importing module {module_name!r} failed: "
+                          f"{first_line(e)}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):

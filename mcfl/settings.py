@@ -227,6 +227,13 @@ def _bounds(meta) -> list[str]:
     return parts
 
 
+def flag_text(key: str, boolean: bool = False) -> str:
+    """A setting's flag as the command line accepts it, in backquotes: ``--local-epochs``; a
+    boolean's both forms, ``--apfl-adaptive`` / ``--no-apfl-adaptive``."""
+    flag = key.replace("_", "-")
+    return f"`--{flag}` / `--no-{flag}`" if boolean else f"`--{flag}`"
+
+
 def shown(value) -> str:
     """A setting's value as tables and help show it: booleans as on / off, a tuple as its
     comma-separated items (as a flag takes it)."""

@@ -151,6 +151,24 @@ def _own_trace_counts():
     chex.clear_trace_counter()
 
 
+@pytest.fixture
+def wrap_algorithm(monkeypatch):
+    """``wrap_algorithm(wrap)``: every algorithm a run builds in this test is ``wrap(built)``
+    (`mcfl.runs.plan.Plan.build_algorithm` replaced), and the programs kept from earlier runs
+    are forgotten before and after, so that the wrapped algorithm is the one compiled."""
+    from mcfl.runs import plan, program
+
+    def install(wrap):
+        build = plan.Plan.build_algorithm
+        monkeypatch.setattr(plan.Plan, "build_algorithm",
+                            lambda self, *a, **k: wrap(build(self, *a, **k)))
+        program.forget_programs()
+
+    yield install
+    monkeypatch.undo()
+    program.forget_programs()
+
+
 def ragged_dataset(sizes, num_features=5, num_classes=3, seed=0, name="ragged"):
     """A dataset whose client i has exactly sizes[i] training rows and 2 test rows."""
     rng = np.random.default_rng(seed)

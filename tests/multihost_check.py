@@ -25,10 +25,10 @@ def main() -> None:
         distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     out = {"devices": len(jax.devices()), "processes": jax.process_count()}
     for algorithm in ("fedavg", "fesem"):
-        extra = {"fesem_restarts": 2} if algorithm == "fesem" else {}
+        extra = {"fesem_restarts": 2, "clusters": 3} if algorithm == "fesem" else {}
         config = mcfl.RunConfig(algorithm=algorithm, dataset="synthetic", clients=24, rounds=3,
                                 model="mlp", hidden=(16,), local_steps=3, clients_per_round=8,
-                                clusters=3, block_size=2, **extra)
+                                block_size=2, **extra)
         result = mcfl.run(config)
         models = result.state.models if algorithm == "fesem" else result.state.params
         out[algorithm] = {

@@ -11,10 +11,9 @@ import sys
 import jax
 import numpy as np
 
-from mcfl import engine
-from mcfl.algorithms import build_algorithm, hyperparams, on_device
+from mcfl import engine, load_dataset, resolve
+from mcfl.algorithms import on_device
 from mcfl.config import RunConfig
-from mcfl.data import load_dataset
 from mcfl.models import make_model
 
 CLIENTS = 30
@@ -24,9 +23,10 @@ ROUNDS = 3
 def train(config: RunConfig, devices: int, block_size: int) -> dict:
     dataset = load_dataset(config)
     model = make_model(config.model, dataset.feature_shape, dataset.num_classes, config.hidden)
-    algorithm = build_algorithm(config, model, CLIENTS, block_size)
+    plan = resolve(config)
+    algorithm = plan.build_algorithm(model, CLIENTS, block_size)
     device = on_device(algorithm)
-    hp = hyperparams(config, model)
+    hp = plan.hyperparams(model)
     init_key, rounds_key = jax.random.split(jax.random.key(config.seed))
     with jax.set_mesh(engine.client_mesh(devices)):
         assert engine.client_shards() == devices
@@ -56,7 +56,7 @@ def main() -> None:
     for algorithm, model in [("fedavg", "mlp")]:
         config = RunConfig(algorithm=algorithm, dataset="synthetic", clients=CLIENTS,
                            rounds=ROUNDS, model=model, hidden=(16,), local_steps=3,
-                           clients_per_round=1.0, clusters=3,
+                           clients_per_round=1.0,
                            **({"fesem_restarts": 2} if algorithm == "fesem" else {}))
         for devices, block in [(1, CLIENTS), (8, 1), (8, 7), (8, CLIENTS)]:
             out[f"{algorithm}/{devices}/{block}"] = train(config, devices, block)

@@ -9,8 +9,9 @@ import numpy as np
 from test_loaders import write_mnist_folder
 
 import mcfl
+from mcfl import load_dataset
 from mcfl.apps.cli import main
-from mcfl.data import build_dataset, cache, load_dataset
+from mcfl.data import cache
 
 
 def test_cache_round_trip_and_invalidation(tmp_path, monkeypatch):
@@ -44,7 +45,7 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path):
     entry.write_bytes(b"not a zip file")
     assert cache.load(entry) is None
     rebuilt = load_dataset(config, cache_dir=tmp_path)
-    np.testing.assert_array_equal(rebuilt.arrays.y_train, build_dataset(config).arrays.y_train)
+    np.testing.assert_array_equal(rebuilt.arrays.y_train, load_dataset(config).arrays.y_train)
 
 
 def test_data_describe_reports_recipe_statistics(capsys):
@@ -72,7 +73,8 @@ def test_data_errors_are_one_line(capsys, tmp_path):
         (["--dataset", "mnist", "--data-dir", str(tmp_path / "nope")], "does not exist"),
         (["--dataset", "digits", "--partition", "shards:12"], "got 12"),
         (["--dataset", "digits", "--clients", "5000"], "5000 clients need at least"),
-        (["--dataset", "digits", "--partition", "dirichlet:0"], "alpha must be > 0, got 0"),
+        (["--dataset", "digits", "--partition", "dirichlet:0"],
+         "alpha must be a finite number in (0, 1e+06]"),
         (["--dataset", "tfds:imagenet"], "unknown tfds dataset 'imagenet'"),
     ]:
         assert main(["data", "describe", *argv, "--no-cache"]) == 2
@@ -91,7 +93,8 @@ def test_clients_csv_has_true_cluster(tmp_path):
 
 def test_leaf_without_data_dir_is_a_clear_error(capsys):
     assert main(["data", "describe", "--dataset", "leaf", "--no-cache"]) == 2
-    assert "dataset leaf needs --data-dir DIR" in capsys.readouterr().err
+    assert "dataset 'leaf' needs --data-dir (a folder with train/ and test/ JSON files)" in (
+        capsys.readouterr().err)
 
 
 def test_cache_key_changes_with_the_data_code(monkeypatch):

@@ -116,7 +116,8 @@ def test_resume_refuses_another_config_and_bad_requests(tmp_path, capsys):
         mcfl.run(config.replace(lr=0.5), resume=tmp_path / "cut")
     with pytest.raises(mcfl.ConfigError, match="writes to its own folder"):
         mcfl.run(resume=tmp_path / "cut", out_dir=tmp_path / "elsewhere")
-    with pytest.raises(mcfl.McflError, match="checkpoint_every must be an integer >= 1"):
+    with pytest.raises(mcfl.McflError,
+                       match="--checkpoint-every must be a whole number of rounds >= 1"):
         mcfl.run(config, checkpoint_every=0)
     cut = str(tmp_path / "cut")
     for argv, message in [
@@ -127,7 +128,7 @@ def test_resume_refuses_another_config_and_bad_requests(tmp_path, capsys):
          "rounds)"),
         (["--resume", cut, "--out", str(tmp_path / "x")], "drop --out"),
         (["--clients", "4", "--checkpoint-every", "0", "--out", str(tmp_path / "y")],
-         "checkpoint_every must be an integer >= 1 (rounds), got 0"),
+         "--checkpoint-every must be a whole number of rounds >= 1, got 0"),
     ]:
         assert main(["run", *argv]) == 2
         err = capsys.readouterr().err

@@ -151,10 +151,9 @@ def _poisoned(algorithm: FederatedAlgorithm, bad_from_round: int) -> FederatedAl
                     lambda s, *a: algorithm.participants(s[0], *a))
 
 
-def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys):
-    build = mcfl.runs.program.build_algorithm
-    monkeypatch.setattr(mcfl.runs.program, "build_algorithm",
-                        lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3))
+def test_nan_stops_with_clear_error_and_keeps_finished_rounds(tmp_path, monkeypatch, capsys,
+                                                              wrap_algorithm):
+    wrap_algorithm(lambda algorithm: _poisoned(algorithm, bad_from_round=3))
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--out", str(out)]) == 2
     err = capsys.readouterr().err
@@ -183,8 +182,8 @@ def test_seeds_beyond_32_bits_get_keys_of_their_own():
 
 def test_divergence_in_round_one_points_at_the_model_or_the_data_first():
     config = mcfl.RunConfig(algorithm="local", lr=0.5)  # no server step
-    text = mcfl.runs.records.divergence_message(config, {"round": 1, "train_loss": float("inf"),
-                                            "discrepancy": 0.5}, [])
+    row = {"round": 1, "train_loss": float("inf"), "discrepancy": 0.5}
+    text = mcfl.runs.records.divergence_message(mcfl.resolve(config), row, [])
     assert text == ("training diverged in round 1: non-finite train_loss=inf; no round was "
                     "kept. Values that are non-finite from the first round usually come from "
                     "the model or the data, not the learning rate: check that the model gives "
@@ -197,7 +196,9 @@ def test_divergence_later_advises_a_smaller_step_than_the_runs():
     averaging only where the run's is above 1."""
     rows = [{"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 9.0}]
     row = {"round": 3, "train_loss": float("nan")}
-    message = mcfl.runs.records.divergence_message
+    def message(config, row, rows):
+        return mcfl.runs.records.divergence_message(mcfl.resolve(config), row, rows)
+
     assert message(mcfl.RunConfig(algorithm="fedavg", lr=0.03, server_lr=2.5), row, rows) == (
         "training diverged in round 3: non-finite train_loss=nan; rounds 1-2 were kept. Try a "
         "smaller step, --lr 0.003 (a tenth of 0.03) or --server-lr 1 (plain averaging; now "
@@ -206,8 +207,7 @@ def test_divergence_later_advises_a_smaller_step_than_the_runs():
                                         row, rows)
 
 
-def test_runner_compiles_round_and_evaluation_once(monkeypatch):
-    build = mcfl.runs.program.build_algorithm
+def test_runner_compiles_round_and_evaluation_once(monkeypatch, wrap_algorithm):
     from mcfl.algorithms import device
 
     evaluate_counts = device.engine.evaluate_counts
@@ -220,25 +220,22 @@ def test_runner_compiles_round_and_evaluation_once(monkeypatch):
 
         return wrapped
 
-    def counted_build(*args, **kwargs):
-        algorithm = build(*args, **kwargs)
+    def counted_build(algorithm):
         return algorithm._replace(round=counting("round", algorithm.round))
 
-    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
+    wrap_algorithm(counted_build)
     monkeypatch.setattr(device.engine, "evaluate_counts", counting("evaluate", evaluate_counts))
     result = mcfl.run(mcfl.RunConfig(clients=8, rounds=4, clients_per_round=3))
     assert result.summary["rounds_completed"] == 4
     assert traces == {"round": 1, "evaluate": 1}  # 4 rounds, 4 evaluations, one trace each
 
 
-def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch):
+def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch, wrap_algorithm):
     """The seed reaches the program as keys: a second run of a config with another seed on the
     same data traces nothing and gives what a fresh program gives; another lr compiles anew."""
-    build = mcfl.runs.program.build_algorithm
     traces = []
 
-    def counted_build(*args, **kwargs):
-        algorithm = build(*args, **kwargs)
+    def counted_build(algorithm):
 
         def round_(*a):
             traces.append(1)  # runs only when jax traces the round
@@ -246,9 +243,9 @@ def test_runs_with_other_seeds_reuse_the_compiled_program(monkeypatch):
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
+    wrap_algorithm(counted_build)
     config = mcfl.RunConfig(clients=8, rounds=2, clients_per_round=3, embed_clients=0)
-    data = mcfl.data.load_dataset(config)
+    data = mcfl.load_dataset(config)
     mcfl.run(config, dataset=data)
     again = mcfl.run(config.replace(seed=1), dataset=data)
     assert len(traces) == 1
@@ -315,7 +312,7 @@ def test_bad_paths_and_counts_are_one_line(tmp_path, monkeypatch, capsys, argv, 
 
 
 def test_dataset_passed_must_match_the_config():
-    from mcfl.data import load_dataset
+    from mcfl import load_dataset
 
     data = load_dataset(mcfl.RunConfig(clients=6))
     with pytest.raises(mcfl.ConfigError, match="has 6 clients but the config says clients=8"):
@@ -373,18 +370,17 @@ def test_a_store_off_the_device_runs_round_by_round_under_auto():
     assert [r["round"] for r in run.rounds] == [1, 2, 3, 4]
 
 
-def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path, monkeypatch):
+def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path, monkeypatch,
+                                                                        wrap_algorithm):
     """IFCA (it records assignments) with --scan-rounds: the same rows, assignments and
     evaluations as round by round; 5 rounds evaluated every 2 are chunks of 2, 2 and 1 rounds,
     so the round is traced twice (one scan per chunk length), not per chunk."""
     common = ["--algorithm", "ifca", "--clusters", "2", *SMALL, "--rounds", "5",
               "--eval-every", "2", "--no-cache"]
     assert main(["run", *common, "--scan-rounds", "off", "--out", str(tmp_path / "loop")]) == 0
-    build = mcfl.runs.program.build_algorithm
     traces = []
 
-    def counted_build(*args, **kwargs):
-        algorithm = build(*args, **kwargs)
+    def counted_build(algorithm):
 
         def round_(*a):
             traces.append(1)
@@ -392,7 +388,7 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(mcfl.runs.program, "build_algorithm", counted_build)
+    wrap_algorithm(counted_build)
     assert main(["run", *common, "--scan-rounds", "on", "--out", str(tmp_path / "scan")]) == 0
     assert len(traces) == 2
     loop, scan = _csv(tmp_path / "loop" / "rounds.csv"), _csv(tmp_path / "scan" / "rounds.csv")
@@ -405,10 +401,9 @@ def test_scanned_rounds_give_the_same_rows_and_compile_per_chunk_length(tmp_path
     assert summary["config"]["scan_rounds"] == "on" and summary["rounds_completed"] == 5
 
 
-def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys):
-    build = mcfl.runs.program.build_algorithm
-    monkeypatch.setattr(mcfl.runs.program, "build_algorithm",
-                        lambda *a, **k: _poisoned(build(*a, **k), bad_from_round=3))
+def test_nan_inside_a_scanned_chunk_keeps_the_rounds_before_it(tmp_path, monkeypatch, capsys,
+                                                               wrap_algorithm):
+    wrap_algorithm(lambda algorithm: _poisoned(algorithm, bad_from_round=3))
     out = tmp_path / "run"
     assert main(["run", *SMALL, "--rounds", "5", "--eval-every", "5", "--scan-rounds", "on",
                  "--out", str(out)]) == 2

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import mcfl
-from mcfl.algorithms import build_algorithm, hyperparams
+from mcfl.algorithms import registry
 from mcfl.apps.cli import main
+from mcfl.config import CLUSTERED_ONLY
 from mcfl.files import faults
 from mcfl.files.atomic import WriteError
 from mcfl.runs import embedding
@@ -42,6 +43,13 @@ STATEFUL = {"local": {}, "fesem": {"fesem_restarts": 2},
             # (clustered, rows read only by training: the embedding starts from the shared
             # centers; StoCFL's cluster models go the same way)
             "fedsoft": {}}
+
+
+def base_for(algorithm):
+    """BASE for `algorithm`: K and the embedding only where it has clusters (another refuses
+    them)."""
+    return {k: v for k, v in BASE.items()
+            if registry.get(algorithm).clustered or k not in CLUSTERED_ONLY}
 
 
 def _without_timings(result):
@@ -72,7 +80,7 @@ def test_every_store_gives_the_run_the_device_gives(algorithm):
     model through it and cluster them chunk by chunk (streamed k-means, trimmed k-means with
     medians). Rows, clients' scores and assignments are the device store's, bit for bit."""
     runs = {store: mcfl.run(mcfl.RunConfig(algorithm=algorithm, client_store=store,
-                                           **BASE, **STATEFUL[algorithm]))
+                                           **base_for(algorithm), **STATEFUL[algorithm]))
             for store in ("device", "host", "disk")}
     device = runs["device"]
     assert device.summary["client_store"] == "device"
@@ -94,12 +102,13 @@ def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):
     """Chunks of 3 clients and column blocks of a few hundred parameters (the last one padded),
     in host memory and in files: the same principal coordinates as the one program that holds
     every model, and the files are gone afterwards."""
-    config = mcfl.RunConfig(algorithm="fesem", **BASE, **STATEFUL["fesem"])
+    config = mcfl.RunConfig(algorithm="fesem", **base_for("fesem"), **STATEFUL["fesem"])
     result = mcfl.run(config.replace(embed_clients=0))
-    dataset = mcfl.data.load_dataset(config)
-    plan = plan_run(config, dataset)
-    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
-    training = hyperparams(config, plan.model).training
+    dataset = mcfl.load_dataset(config)
+    resolved = mcfl.resolve(config)
+    plan = plan_run(resolved, dataset)
+    algorithm = resolved.build_algorithm(plan.model, plan.clients_per_round)
+    training = resolved.hyperparams(plan.model).training
     key = jax.random.key(5)
     state = result.state
     whole = embedding.client_embedding(algorithm, training, 10, state, dataset.arrays, key)
@@ -119,7 +128,7 @@ def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):
 def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32(algorithm):
     """Local's models, and FeSEM's start (every client's model through the store), kept in
     bfloat16 by every store (the disk store once kept FeSEM's start in float32)."""
-    config = mcfl.RunConfig(algorithm=algorithm, **BASE, **STATEFUL[algorithm])
+    config = mcfl.RunConfig(algorithm=algorithm, **base_for(algorithm), **STATEFUL[algorithm])
     full = mcfl.run(config)
     half = {store: mcfl.run(config.replace(client_store=store, client_store_dtype="bfloat16"))
             for store in ("device", "disk")}
@@ -130,7 +139,7 @@ def test_bfloat16_storage_is_the_same_in_every_store_and_close_to_float32(algori
 
 
 def test_a_sweep_keeps_its_members_rows_in_one_store():
-    config = mcfl.RunConfig(algorithm="local", **BASE)
+    config = mcfl.RunConfig(algorithm="local", **base_for("local"))
     on_device = mcfl.sweep(config, seeds=2, grid={"lr": [0.02, 0.05]})
     on_disk = mcfl.sweep(config.replace(client_store="disk"), seeds=2,
                          grid={"lr": [0.02, 0.05]})
@@ -138,19 +147,20 @@ def test_a_sweep_keeps_its_members_rows_in_one_store():
 
 
 def test_auto_keeps_what_fits_on_the_device_and_goes_to_disk_otherwise(monkeypatch):
-    dataset = mcfl.data.load_dataset(mcfl.RunConfig(algorithm="local", **BASE))
-    config = mcfl.RunConfig(algorithm="local", **BASE)
-    plan = plan_run(config, dataset)
-    algorithm = build_algorithm(config, plan.model, plan.clients_per_round)
-    hp = hyperparams(config, plan.model)
+    dataset = mcfl.load_dataset(mcfl.RunConfig(algorithm="local", **base_for("local")))
+    config = mcfl.RunConfig(algorithm="local", **base_for("local"))
+    resolved = mcfl.resolve(config)
+    plan = plan_run(resolved, dataset)
+    algorithm = resolved.build_algorithm(plan.model, plan.clients_per_round)
+    hp = resolved.hyperparams(plan.model)
     row_bytes = 4 * plan.params_count
     choice = choose_store("auto", algorithm, "local", hp, dataset.arrays)
     assert (choice.kind, choice.stored_bytes) == ("device", 12 * row_bytes)
     monkeypatch.setenv("MCFL_MEMORY_LIMIT", str(12 * row_bytes))  # more than half of it
     choice = choose_store("auto", algorithm, "local", hp, dataset.arrays)
     assert choice.kind == "disk" and "more than half" in choice.reason
-    fedavg = build_algorithm(config.replace(algorithm="fedavg"), plan.model,
-                             plan.clients_per_round)
+    fedavg = mcfl.resolve(config.replace(algorithm="fedavg")).build_algorithm(
+        plan.model, plan.clients_per_round)
     # nothing kept
     assert choose_store("disk", fedavg, "fedavg", hp, dataset.arrays).kind == "device"
 
@@ -161,7 +171,7 @@ def test_the_wrappers_keep_the_rows_in_every_store(wrapper):
     """Local under a client schedule or a distribution shift: its models are the store's rows
     (the wrappers keep the algorithm's per-client state), so the disk store runs it and gives
     the device store's rows."""
-    config = mcfl.RunConfig(algorithm="local", **BASE, **wrapper)
+    config = mcfl.RunConfig(algorithm="local", **base_for("local"), **wrapper)
     on_disk = mcfl.run(config.replace(client_store="disk"))
     assert on_disk.summary["client_store"] == "disk"
     assert_same_rows(on_disk, mcfl.run(config))
@@ -173,7 +183,8 @@ def test_fedbn_layers_are_rows_in_every_store(algorithm):
     models), so a disk store runs FedBN and gives the device store's rows."""
     from tests.test_user_models import NormNet
 
-    config = mcfl.RunConfig(algorithm=algorithm, bn="local", **BASE)
+    own_model = {k: v for k, v in base_for(algorithm).items() if k != "hidden"}  # (an MLP's)
+    config = mcfl.RunConfig(algorithm=algorithm, bn="local", **own_model)
     on_disk = mcfl.run(config.replace(client_store="disk"), model=NormNet(10))
     on_device = mcfl.run(config, model=NormNet(10))
     assert on_disk.summary["client_store"] == "disk"
@@ -326,8 +337,8 @@ def test_a_stopped_run_resumes_from_its_store_without_its_start_again(algorithm,
     """SIGINT at round 2, then resume: the same files as the uninterrupted run. A host store's
     checkpoint writes its rows to the run folder; FeSEM's start, which trained every client, is
     in the checkpoint and is not computed again."""
-    config = mcfl.RunConfig(algorithm=algorithm, client_store=store, **{**BASE, "rounds": 4},
-                            **STATEFUL[algorithm])
+    config = mcfl.RunConfig(algorithm=algorithm, client_store=store,
+                            **{**base_for(algorithm), "rounds": 4}, **STATEFUL[algorithm])
     mcfl.run(config, out_dir=tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
         mcfl.run(config, out_dir=tmp_path / "cut", observers=(SignalAt(2),),

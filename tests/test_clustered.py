@@ -385,7 +385,7 @@ def test_nearest_models_and_intra_distance_match_brute_force():
 ])
 def test_bad_cluster_settings(changes, message):
     with pytest.raises(ConfigError, match=message):
-        mcfl.RunConfig(**changes)
+        mcfl.resolve(mcfl.RunConfig(**changes))
 
 
 def test_run_reports_clusters(planted, tmp_path):

@@ -70,11 +70,12 @@ def test_fednova_refuses_an_optimizer_whose_coefficients_it_does_not_know():
     import mcfl
 
     with pytest.raises(ConfigError, match="client_optimizer=adam"):
-        mcfl.RunConfig(algorithm="fednova", client_optimizer="adam")
+        mcfl.resolve(mcfl.RunConfig(algorithm="fednova", client_optimizer="adam"))
     with pytest.raises(ConfigError, match="either momentum or fednova_mu"):
-        mcfl.RunConfig(algorithm="fednova", client_optimizer="momentum", fednova_mu=0.1)
+        mcfl.resolve(mcfl.RunConfig(algorithm="fednova", client_optimizer="momentum",
+                                    fednova_mu=0.1))
     with pytest.raises(ConfigError, match="client_optimizer=momentum"):
-        mcfl.RunConfig(algorithm="scaffold", client_optimizer="momentum")
+        mcfl.resolve(mcfl.RunConfig(algorithm="scaffold", client_optimizer="momentum"))
 
 
 def test_scaffold_control_variates_as_a_per_client_loop(ragged):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import mcfl
+from mcfl import load_dataset
 from mcfl.apps.cli import main
-from mcfl.data import export, load_dataset
+from mcfl.data import export
 from mcfl.errors import DataError
 from mcfl.files.atomic import WriteError
 

@@ -383,9 +383,10 @@ def test_bad_data_and_runs_too_large_are_refused_before_any_output(tmp_path, cap
 def test_the_data_estimate_is_the_bytes_the_dataset_takes(config):
     import jax
 
-    built = mcfl.data.load_dataset(config)
+    built = mcfl.load_dataset(config)
     actual = sum(x.nbytes for x in jax.tree.leaves(built.arrays))
-    assert memory.data_bytes(config).device == pytest.approx(actual, rel=0.01)
+    assert memory.data_bytes(mcfl.resolve(config).data).device == pytest.approx(actual,
+                                                                              rel=0.01)
 
 
 def test_out_of_memory_errors_are_one_line():
@@ -407,9 +408,8 @@ def test_more_devices_are_advised_only_where_the_run_leaves_some(monkeypatch):
     monkeypatch.setattr(memory.jax, "devices", lambda: [object()] * 4)
     monkeypatch.setattr(memory, "device_available", lambda resident=0: 2**30)
     for devices, advice in [(2, "or more devices (--devices up to 4)"), (None, None)]:
-        config = mcfl.RunConfig(clients=10, devices=devices)
         with pytest.raises(mcfl.McflError) as raised:
-            memory.check_program_fits(2**31, "a round", config)
+            memory.check_program_fits(2**31, "a round", "fedavg on 10 clients", devices)
         text = str(raised.value)
         assert "needs about 2.0 GiB more memory for a round; 1.0 GiB is available" in text
         assert (advice in text) if advice else "--devices" not in text

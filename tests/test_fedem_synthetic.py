@@ -4,8 +4,10 @@ labels as the generating process makes them, and one-line errors for bad setting
 import numpy as np
 import pytest
 
+import mcfl
+from mcfl import load_dataset as build_dataset
 from mcfl.config import RunConfig
-from mcfl.data import build_dataset, fedem_synthetic
+from mcfl.data import fedem_synthetic
 from mcfl.data.fedem_synthetic import generate_fedem_synthetic, label_shares, row_components
 from mcfl.errors import ConfigError, DataError
 from mcfl.runtime.memory import data_bytes
@@ -115,7 +117,7 @@ def test_a_run_config_builds_it_with_its_defaults():
     np.testing.assert_array_equal(built.true_cluster, made.true_cluster)
     other = build_dataset(small.replace(data_seed=6))
     assert not np.array_equal(np.asarray(other.arrays.y_train), np.asarray(made.arrays.y_train))
-    need = data_bytes(config)
+    need = data_bytes(mcfl.resolve(config).data)
     rows = fedem_synthetic.row_count(300, 0)
     assert rows > 300 * 5000 and need.device > rows * 600  # 150 float32 features a row
 

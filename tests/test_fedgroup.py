@@ -109,7 +109,7 @@ def test_inter_group_aggregation_formula():
 ])
 def test_bad_fedgroup_settings(changes, message):
     with pytest.raises(ConfigError, match=message):
-        mcfl.RunConfig(algorithm="fedgroup", **changes)
+        mcfl.resolve(mcfl.RunConfig(algorithm="fedgroup", **changes))
 
 
 def test_label_aware_shift_sees_what_the_count_vector_test_misses():

@@ -403,5 +403,5 @@ def test_planted_clusters_are_split_apart(planted):
 ])
 def test_bad_settings_are_one_line_config_errors(changes, message):
     with pytest.raises(ConfigError, match=message) as refused:
-        mcfl.RunConfig(algorithm="fedgwc", **changes)
+        mcfl.resolve(mcfl.RunConfig(algorithm="fedgwc", **changes))
     assert "\n" not in str(refused.value)

@@ -17,7 +17,6 @@ from jax.flatten_util import ravel_pytree
 from reference import reference_batches
 
 import mcfl
-from mcfl.algorithms import local_training
 from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining, evaluate_counts
 from mcfl.engine.sampling import sample_clients
@@ -206,7 +205,7 @@ def test_weight_decay_on_kernels_leaves_biases_alone(tiny):
     np.testing.assert_array_equal(moved["kernels"]["bias"], p["bias"])
     np.testing.assert_allclose(moved["all"]["bias"], p["bias"] * (1 - 0.1 * 0.5), rtol=1e-6)
     config = mcfl.RunConfig(weight_decay=0.002, weight_decay_on="kernels")
-    chosen = local_training(config, model)
+    chosen = mcfl.resolve(config).local_training(model)
     assert chosen.weight_decay_on == "kernels" and not chosen.plain_sgd  # not the fast paths
 
 

@@ -293,13 +293,12 @@ def test_all_users_are_clients_unless_asked_and_home_is_expanded(tmp_path, monke
 
     import mcfl
     from mcfl.apps.cli import main
-    from mcfl.data import with_all_users
 
     monkeypatch.setenv("HOME", str(tmp_path))
     _write_leaf(tmp_path / "leafdata")
     config = mcfl.RunConfig(dataset="leaf", data_dir="~/leafdata")
     assert config.data_dir == str(tmp_path / "leafdata") and config.clients is None
-    assert with_all_users(config)[0].clients == 3
+    assert mcfl.load_dataset(config).num_clients == 3
     assert mcfl.RunConfig(dataset="leaf", data_dir="x", clients=2).clients == 2
     assert mcfl.RunConfig(dataset="digits").clients == 100  # split datasets: 100 by default
     out = tmp_path / "run"

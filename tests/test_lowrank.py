@@ -9,6 +9,7 @@ import pytest
 from conftest import ragged_dataset
 from reference import reference_local_train
 
+import mcfl
 from mcfl import engine
 from mcfl.config import RunConfig
 from mcfl.engine import LocalTraining, RoundClients, lowrank
@@ -118,10 +119,10 @@ def test_auto_takes_the_factored_path_only_where_it_is_cheaper():
 
 
 def test_low_rank_on_needs_plain_sgd():
-    with pytest.raises(ConfigError, match="low_rank=on needs plain SGD"):
-        RunConfig(model="cnn-fmnist", weight_decay=0.1, low_rank="on")
-    with pytest.raises(ConfigError, match="client_optimizer=momentum"):
-        RunConfig(model="mlp", client_optimizer="momentum", low_rank="on")
+    with pytest.raises(ConfigError, match="--low-rank on needs plain SGD"):
+        mcfl.resolve(RunConfig(model="cnn-fmnist", weight_decay=0.1, low_rank="on"))
+    with pytest.raises(ConfigError, match="got --client-optimizer momentum"):
+        mcfl.resolve(RunConfig(model="mlp", client_optimizer="momentum", low_rank="on"))
     with pytest.raises(ConfigError, match="unknown low_rank .yes.; allowed: auto, on, off"):
         RunConfig(low_rank="yes")
 

@@ -115,7 +115,7 @@ def test_settings_that_would_do_nothing_are_refused_in_one_line(tmp_path, capsys
     with pytest.raises(ConfigError, match=r"^flhc_warmup=10 leaves no round for FL\+HC's "
                                           r"clustering \(round 11\) in a run of 5 rounds; "
                                           r"allowed: 0 to 4$"):
-        mcfl.RunConfig(algorithm="flhc", rounds=5)
+        mcfl.resolve(mcfl.RunConfig(algorithm="flhc", rounds=5))
     assert mcfl.RunConfig(algorithm="flhc", rounds=5, flhc_warmup=4).params.warmup == 4
     assert main(["run", "--algorithm", "flhc", "--rounds", "3", "--flhc-warmup", "3",
                  "--out", str(tmp_path / "flhc")]) == 2

@@ -98,8 +98,9 @@ def test_partition_specs():
                                                           4, ())
     assert str(parse_partition("permuted:2")) == "permuted:2+iid"
     for bad, message in [
-        ("dirichlet:0", "alpha must be > 0, got 0"),
-        ("dirichlet:-1", "alpha must be > 0, got -1"),
+        ("dirichlet:0", r"alpha must be a finite number in \(0, 1e\+06\] .*got '0'"),
+        ("dirichlet:-1", r"alpha must be a finite number in \(0, 1e\+06\] .*got '-1'"),
+        ("dirichlet:inf", r"alpha must be a finite number .*got 'inf'"),
         ("shards", "needs an integer as in shards:2"),
         ("pathological", "unknown partition 'pathological'"),
         ("rotated:4+permuted:2", "at most one planted"),
@@ -139,7 +140,7 @@ def test_cap_rows_keeps_at_most_n_random_rows_per_client():
 
 def test_samples_per_client_gives_every_client_n_rows():
     import mcfl
-    from mcfl.data import load_dataset
+    from mcfl import load_dataset
 
     data = load_dataset(mcfl.RunConfig(dataset="digits", partition="rotated:2", clients=20,
                                        samples_per_client=30))

@@ -8,17 +8,18 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import mcfl
+from mcfl import load_dataset
 from mcfl.apps import plan_command
 from mcfl.apps.cli import main
 from mcfl.config import RunConfig
-from mcfl.data import load_dataset
 from mcfl.engine.blocks import loop_scope, occasional_cond
 from mcfl.engine.training import mean_steps, steps_key
 from mcfl.errors import McflError
-from mcfl.planning import estimate
 from mcfl.planning.cost import Cost, traced_cost, xla_cost
 from mcfl.planning.estimate import bound_on, client_loop_trips, estimate_run
 from mcfl.planning.targets import TARGETS, Target, for_device
+from mcfl.runs import runner
 from mcfl.runtime import memory
 
 M, K, STEPS = 8, 16, 10
@@ -91,11 +92,11 @@ def test_flexcfls_round_counts_training_once_and_its_pre_training_as_one_epoch()
     migration are occasional (not in the round's lower bound), and its cold start pre-trains
     one epoch of E = 4, then goes on for the round's rest."""
     base = RunConfig(algorithm="fedavg", dataset="synthetic", clients=40, clients_per_round=8,
-                     rounds=2, clusters=2, local_epochs=4, fast_paths="off", embed_clients=0)
+                     rounds=2, local_epochs=4, fast_paths="off", embed_clients=0)
     fedavg = estimate_run(base, compile=False)
-    flexcfl = estimate_run(base.replace(algorithm="flexcfl"), compile=False)
-    paper, full = (estimate_run(base.replace(algorithm="flexcfl", pretrain=mode), compile=False)
-                   for mode in ("epoch", "full"))
+    flexcfl = estimate_run(base.replace(algorithm="flexcfl", clusters=2), compile=False)
+    paper, full = (estimate_run(base.replace(algorithm="flexcfl", clusters=2, pretrain=mode),
+                                compile=False) for mode in ("epoch", "full"))
     rounds = (flexcfl.program("round").cost, fedavg.program("round").cost)
     assert rounds[0].occasional == 2 and fedavg.occasional_round is None
     assert rounds[1].matmul_flops <= rounds[0].matmul_flops <= 1.05 * rounds[1].matmul_flops
@@ -200,12 +201,12 @@ def test_a_run_whose_data_cannot_fit_is_planned_from_its_config_alone(tmp_path, 
         raise AssertionError("mcfl plan built the data or the programs")
 
     for module, name in ((plan_command, "estimate_run"), (plan_command, "measure_cpu"),
-                         (estimate, "load_dataset"), (estimate, "with_all_users")):
+                         (runner, "load_data")):
         monkeypatch.setattr(module, name, built)
     argv = ["plan", "--clients", "100000000", "--no-cache", "--target", "cpu-here,h200"]
     assert main(argv) == 2
     planned = capsys.readouterr()
-    fit = memory.data_fit(RunConfig(clients=100_000_000))
+    fit = memory.data_fit(mcfl.resolve(RunConfig(clients=100_000_000)).data)
     assert not fit.fits and fit.host > 10**12  # terabytes: Synthetic's mean client has ~450 rows
     lines = planned.out.splitlines()
     assert lines[0].startswith("fedavg on synthetic: 100,000,000 clients")
@@ -233,6 +234,6 @@ def test_estimate_run_refuses_data_too_large_before_building_them(monkeypatch):
     """`estimate_run` (mcfl plan's library call) refuses data too large as `mcfl.run` does,
     before loading them."""
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "1M")
-    monkeypatch.setattr(estimate, "load_dataset", lambda *a: pytest.fail("data were built"))
+    monkeypatch.setattr(runner, "load_data", lambda *a: pytest.fail("data were built"))
     with pytest.raises(McflError, match="synthetic with 100,000 clients needs about"):
         estimate_run(RunConfig(clients=100_000), compile=False)

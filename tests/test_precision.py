@@ -168,5 +168,5 @@ def test_bad_precision_is_one_line_exit_2(capsys):
     err = capsys.readouterr().err
     assert "unknown precision 'float16'; allowed: float32, bfloat16" in err
     assert err.count("\n") == 1 and "Traceback" not in err
-    with pytest.raises(ConfigError, match="low_rank=on needs precision=float32"):
-        mcfl.RunConfig(precision="bfloat16", low_rank="on")
+    with pytest.raises(ConfigError, match="--low-rank on needs --precision float32"):
+        mcfl.resolve(mcfl.RunConfig(precision="bfloat16", low_rank="on"))

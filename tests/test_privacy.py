@@ -134,12 +134,12 @@ def test_the_run_epsilon_is_dp_accountings():
         dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.1)), 30)
     for name, accountant in (("rdp", dp_accounting.rdp.RdpAccountant()),
                              ("pld", dp_accounting.pld.PLDAccountant())):
-        plan = privacy_plan(config.replace(dp_accountant=name), 500, 50)
+        plan = privacy_plan(mcfl.resolve(config.replace(dp_accountant=name)).privacy, 500, 50)
         want = accountant.compose(event).get_epsilon(1e-5)
         assert plan.epsilons()[-1] == pytest.approx(want, rel=0.01), name
     short = config.replace(clients=60, clients_per_round=6, rounds=3)
     result = mcfl.run(short)
-    want = privacy_plan(short, 60, 6).epsilons()
+    want = privacy_plan(mcfl.resolve(short).privacy, 60, 6).epsilons()
     assert [row["dp_epsilon"] for row in result.rounds] == pytest.approx(list(want))
     assert result.summary["dp_epsilon"] == pytest.approx(want[-1])
     assert result.summary["dp_delta"] == 1e-5 and "Poisson" in result.summary["dp_accounting"]
@@ -186,7 +186,7 @@ def test_every_covered_algorithm_runs_a_private_round(name, small_data):
 @pytest.mark.parametrize("name", [n for n in names() if n not in support.COVERED])
 def test_every_other_algorithm_refuses_dp_in_one_line(name):
     with pytest.raises(ConfigError) as refused:
-        mcfl.RunConfig(algorithm=name, dp_clip=1.0, dp_noise=1.0)
+        mcfl.resolve(mcfl.RunConfig(algorithm=name, dp_clip=1.0, dp_noise=1.0))
     text = str(refused.value)
     assert "\n" not in text and name in text and support.REFUSED[name] in text
 
@@ -218,7 +218,7 @@ def test_a_sweep_over_the_noise_is_one_program_and_each_member_is_its_run(tmp_pa
     """dp_noise = 0.5, 2 with two seeds: one group (dp_noise traced), epsilon falls as the
     noise rises, and the (z = 2, seed 1) member equals the single run with those settings."""
     config = TINY.replace(dp_clip=1.0, dp_noise=1.0)
-    data = mcfl.data.load_dataset(config)
+    data = mcfl.load_dataset(config)
     result = mcfl.sweep(config, seeds=[0, 1], grid={"dp_noise": [0.5, 2.0]}, dataset=data,
                         out_dir=tmp_path / "sweep")
     assert (tmp_path / "sweep" / "privacy.png").is_file()  # the privacy-utility plot
@@ -257,7 +257,7 @@ def test_canaries_estimate_lies_below_the_accountant_with_noise_and_is_large_wit
     config = TINY.replace(model="mlp", hidden=(64,), clients=200, clients_per_round=40,
                           rounds=12, dp_clip=1.0, dp_delta=1e-5, dp_noise=1.0,
                           dp_canaries=200, eval_every=12)
-    data = mcfl.data.load_dataset(config)
+    data = mcfl.load_dataset(config)
     noised = mcfl.run(config, dataset=data).summary
     assert 0 <= noised["dp_empirical_epsilon"] < noised["dp_epsilon"]
     assert noised["dp_canaries"]["inserted"] == 200 and noised["dp_canaries"]["unseen"] == 800
@@ -269,7 +269,7 @@ def test_an_epsilon_budget_stops_the_run_at_the_last_round_within_it(tmp_path):
     """A budget between the epsilon after round 2 and after round 3 of 5: the run completes
     2 rounds (its last evaluated), says so in its summary, and draws epsilon in its curves."""
     config = TINY.replace(rounds=5, dp_clip=1.0, dp_noise=1.0)
-    spent = privacy_plan(config, 30, 6).epsilons()
+    spent = privacy_plan(mcfl.resolve(config).privacy, 30, 6).epsilons()
     budget = float(spent[1] + spent[2]) / 2
     result = mcfl.run(config.replace(dp_epsilon_budget=budget), out_dir=tmp_path / "run")
     assert [row["round"] for row in result.rounds] == [1, 2]

@@ -33,8 +33,9 @@ def test_the_docs_settings_table_is_the_config():
     text = RUNNING.read_text()
     table = text.split("<!-- settings:start -->\n")[1].split("\n<!-- settings:end -->")[0]
     assert table == markdown_table()
-    for key in mcfl.config.SHARED_FIELDS:  # every setting has its row
-        assert f"| `--{key.replace('_', '-')}` |" in table
+    for key in mcfl.config.SHARED_FIELDS:  # every setting has its row (a boolean both forms)
+        flag = key.replace("_", "-")
+        assert f"| `--{flag}` |" in table or f"| `--{flag}` / `--no-{flag}` |" in table, key
 
 
 def test_every_clustered_algorithm_says_what_its_defaults_mean():

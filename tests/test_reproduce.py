@@ -151,6 +151,12 @@ def test_a_tiny_table_writes_every_cell_beside_the_paper(tmp_path):
     assert (out / "cells" / "fedavg" / "members.csv").is_file()
     with pytest.raises(ConfigError, match="unknown cell 'FedMagic'; allowed: FedAvg"):
         reproduce.run_table("flexcfl-table3-synthetic", tmp_path / "x", cells=["FedMagic"])
+    # an override no chosen cell takes is refused before anything is written
+    with pytest.raises(ConfigError, match=r"^--clusters 2 is taken by none of the table's "
+                                          r"cells \(fedavg, fedprox\)$"):
+        reproduce.run_table("flexcfl-table3-synthetic", tmp_path / "x", quick=True,
+                            cells=["FedAvg", "FedProx (mu 1)"], overrides={"clusters": 2})
+    assert not (tmp_path / "x").exists()
     with pytest.raises(Exception, match="already holds a reproduced table"):
         reproduce.run_table("flexcfl-table3-synthetic", out, cells=["FedAvg"])
 

@@ -133,7 +133,7 @@ def test_shifts_join_on_the_same_groups(digits):
     ("shift_x:4@0.5+shift_x:4@1", "names a shift twice"),
     ("shift_x:4+shift_y:3", "same number of groups R, got shift_x:4, shift_y:3"),
     ("shift_x:4+rotated:4", "at most one planted recipe"),
-    ("shift_x:0", "needs a count >= 1"),
+    ("shift_x:0", "needs a count from 1 to 1,000,000, got .0."),
 ])
 def test_bad_shift_specs_say_what_is_allowed(spec, message):
     with pytest.raises(ConfigError, match=message):

@@ -201,3 +201,53 @@ def test_the_checks_see_a_cycle_and_a_private_import(tmp_path):
     top, lazy, private = imports("mcfl.fake", path)
     assert private == ["mcfl.runs.runner._hidden"] and lazy == [("mcfl.runs.loop", 4)]
     assert top == {"mcfl.runs.runner"}
+
+
+# The packages below the run layer: each takes its own spec (`mcfl.runs.plan` resolves a
+# config into them), none the run's config.
+BELOW_RUNS = ("data", "models", "engine", "algorithms", "system", "privacy", "clustering",
+              "store", "runtime", "files")
+
+
+def config_readers(name: str, path: Path) -> list[str]:
+    """What in module `name` reads a run's config: an import of `mcfl.config` (type-checking
+    ones too), the name RunConfig in its code (not its prose), or a parameter named
+    config / cfg (a config taken duck-typed)."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(node, name, path.name == "__init__.py")
+            if source == "mcfl.config" or (source == "mcfl" and any(
+                    a.name == "config" for a in node.names)):
+                found.append(f"imports mcfl.config (line {node.lineno})")
+        elif isinstance(node, ast.Import) and any(a.name == "mcfl.config" for a in node.names):
+            found.append(f"imports mcfl.config (line {node.lineno})")
+        elif isinstance(node, (ast.Name, ast.Attribute)) and "RunConfig" in (
+                getattr(node, "id", None), getattr(node, "attr", None)):
+            found.append(f"names RunConfig (line {node.lineno})")
+        elif isinstance(node, ast.Constant) and node.value == "RunConfig":
+            found.append(f"names RunConfig in an annotation (line {node.lineno})")
+        elif isinstance(node, ast.arg) and node.arg in ("config", "cfg"):
+            found.append(f"takes a parameter {node.arg} (line {node.lineno})")
+    return found
+
+
+def test_nothing_below_the_run_layer_reads_the_config():
+    """Acceptance of 'every setting used or refused': no module under mcfl/{data, models,
+    engine, algorithms, system, privacy, clustering, store, runtime, files} imports mcfl.config
+    or takes a RunConfig; they take the plan's parts (`mcfl.runs.plan`)."""
+    offending = {name: found for name, path in modules().items()
+                 if name.split(".")[1:2] and name.split(".")[1] in BELOW_RUNS
+                 and (found := config_readers(name, path))}
+    assert offending == {}
+
+
+def test_the_config_check_sees_each_way_of_reading_a_config(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from mcfl.config import RunConfig\n\ndef f(config):\n    return 1\n\n"
+                    "def g(x: 'RunConfig'):\n    import mcfl.config\n")
+    found = config_readers("mcfl.data.m", path)
+    assert sorted(f.split(" (")[0] for f in found) == sorted([
+        "imports mcfl.config", "imports mcfl.config", "takes a parameter config",
+        "names RunConfig in an annotation"])

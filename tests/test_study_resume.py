@@ -166,8 +166,7 @@ def test_overwrite_keeps_the_old_sweep_until_the_new_one_starts(whole_sweep, tmp
 
 
 TABLE = dict(quick=True, seeds=2, cells=["FedAvg", "FedProx (mu 1)"],
-             overrides={"clients": 40, "rounds": 2, "local_epochs": 1, "clusters": 2,
-                        "eval_every": 1})
+             overrides={"clients": 40, "rounds": 2, "local_epochs": 1, "eval_every": 1})
 
 
 def test_a_killed_table_says_it_is_incomplete_and_resumes_to_the_whole_table(tmp_path):
@@ -205,7 +204,7 @@ def test_a_killed_table_says_it_is_incomplete_and_resumes_to_the_whole_table(tmp
 
 
 def test_export_overwrite_replaces_only_an_export(tmp_path):
-    from mcfl.data import load_dataset
+    from mcfl import load_dataset
     from mcfl.data.export import export_dataset
 
     dataset = load_dataset(from_dict({"dataset": "synthetic", "clients": 3}))

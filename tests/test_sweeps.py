@@ -8,10 +8,9 @@ import pytest
 from scipy import stats
 
 import mcfl
+from mcfl import load_dataset
 from mcfl.apps.cli import main
-from mcfl.data import load_dataset
 from mcfl.errors import ConfigError
-from mcfl.runs import program
 from mcfl.sweeps.spec import check_grid, expand, group, parse_grid, parse_seeds, traceable_keys
 
 BASE = mcfl.RunConfig(dataset="synthetic", clients=12, clients_per_round=4, rounds=3,
@@ -62,14 +61,13 @@ def test_every_member_equals_its_single_run(name, config, grid, dataset):
         assert_member_equals_run(result, member, dataset, config)
 
 
-def test_one_compilation_per_group_whatever_the_rounds_and_chunks(monkeypatch, dataset):
+def test_one_compilation_per_group_whatever_the_rounds_and_chunks(monkeypatch, dataset,
+                                                                  wrap_algorithm):
     """The algorithm's round is traced a fixed number of times per group, the same for 2 or
     4 rounds and for 1 or 2 chunks of members: rounds and chunks reuse compiled programs."""
     built = []
-    original = program.build_algorithm
 
-    def counted(*args, **kwargs):
-        algorithm = original(*args, **kwargs)
+    def counted(algorithm):
 
         def round_(*a):
             built.append(1)  # runs only when jax traces the round
@@ -77,7 +75,7 @@ def test_one_compilation_per_group_whatever_the_rounds_and_chunks(monkeypatch, d
 
         return algorithm._replace(round=round_)
 
-    monkeypatch.setattr(program, "build_algorithm", counted)
+    wrap_algorithm(counted)
 
     def traces(rounds, chunk):
         built.clear()

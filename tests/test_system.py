@@ -346,7 +346,7 @@ def test_fedbuff_with_k_equal_c_and_equal_speeds_is_fedavg():
                   local_steps=3, embed_clients=0, model="mclr", device_speeds="constant:2")
     fedavg = mcfl.run(mcfl.RunConfig(algorithm="fedavg", **common), dataset=dataset)
     fedbuff = mcfl.run(mcfl.RunConfig(algorithm="fedbuff", concurrency=10, buffer_size=10,
-                                      **common), dataset=dataset)
+                                      **{**common, "clients_per_round": None}), dataset=dataset)
     chex.assert_trees_all_close(jax.tree.map(lambda m: m[0], fedbuff.state.models),
                                 fedavg.state[0].params, atol=1e-5)  # (fedavg, its clock)
     for a, b in zip(fedavg.rounds, fedbuff.rounds):
@@ -358,7 +358,8 @@ def test_fedbuff_with_k_equal_c_and_equal_speeds_is_fedavg():
 def test_async_runs_write_sim_time_and_ifca_async_clusters():
     for name, extra in [("fedbuff", {"buffer_size": 3}), ("fedasync", {}),
                         ("ifca_async", {"buffer_size": 3, "clusters": 2})]:
-        result = mcfl.run(TINY.replace(algorithm=name, concurrency=6, rounds=4,  # noqa
+        result = mcfl.run(TINY.replace(algorithm=name, clients_per_round=None,  # noqa
+                                       concurrency=6, rounds=4,
                                        device_speeds="lognormal:0,1", **extra))
         times = [r["sim_time"] for r in result.rounds]
         assert all(b >= a for a, b in zip(times, times[1:])) and times[-1] > 0
@@ -433,7 +434,7 @@ def test_a_trace_naming_an_unknown_client_is_refused(tmp_path):
     trace.write_text("client,speed,bandwidth\n" + "".join(f"{i},1,1\n" for i in range(19))
                      + "25,1,1\n")
     with pytest.raises(ConfigError, match="25"):
-        TINY.replace(clients=20, device_trace=str(trace))
+        mcfl.resolve(TINY.replace(clients=20, device_trace=str(trace)))
 
 
 def test_a_trace_gives_each_client_its_device(tmp_path):

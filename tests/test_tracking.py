@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 import mcfl
-from mcfl import tracking
+from mcfl import load_dataset, tracking
 from mcfl.apps.cli import main
-from mcfl.data import load_dataset
 from mcfl.errors import ConfigError, TrainingDivergedError
 from mcfl.tracking.base import hyperparameters, round_metrics, summary_metrics
 

@@ -114,10 +114,10 @@ def test_clipping_to_nothing_leaves_the_shared_models_where_the_start_put_them(n
     stay within 1e-9 of their start (FeSEM's start: the k-means of every client's model), so
     every evaluated round scores the same; without the transform they move."""
     own = {"fesem_restarts": 2} if name == "fesem" else {}
+    clustered = {} if name == "fedavg" else {"clusters": 2, "embed_clients": 0}
     config = mcfl.RunConfig(algorithm=name, clients=24, clients_per_round=8, rounds=3,
-                            eval_every=1, local_steps=3, clusters=2, embed_clients=0, lr=0.1,
-                            **own)
-    data = mcfl.data.load_dataset(config)
+                            eval_every=1, local_steps=3, lr=0.1, **clustered, **own)
+    data = mcfl.load_dataset(config)
     start = mcfl.run(config.replace(rounds=1), dataset=data,
                      transform=clip_updates(1e-9))
     clipped = mcfl.run(config, dataset=data, transform=clip_updates(1e-9))

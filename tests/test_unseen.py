@@ -50,9 +50,9 @@ def test_held_out_clients_never_train():
     same rows of training metrics and scores, round by round."""
     config = mcfl.RunConfig(**BASE, algorithm="fedavg", partition="shift_x:2@1",
                             unseen_share=0.25)
-    full = mcfl.data.load_dataset(config)
+    full = mcfl.load_dataset(config)
     with_unseen = mcfl.run(config, dataset=full)
-    training = with_held_out(full, config)
+    training = with_held_out(full, mcfl.resolve(config).data)
     assert training.num_clients == 12 and training.unseen.num_clients == 4
     assert set(training.client_ids).isdisjoint(training.unseen.client_ids)
     alone = mcfl.run(config.replace(unseen_share=None, clients=12),

@@ -21,12 +21,10 @@ from mcfl.data import (
     LabelledArrays,
     from_arrays,
     from_clients,
-    load_dataset,
     partition,
     partition_arrays,
     plant,
     register,
-    with_all_users,
 )
 from mcfl.data.cache import cache_key
 from mcfl.data.spec import parse_partition
@@ -339,19 +337,19 @@ def test_a_registered_dataset_runs_end_to_end(tmp_path):
     # clients already split: all of them by default; another count is refused; not cached
     split = mcfl.RunConfig(dataset="test-user-clients", rounds=2)
     assert split.clients is None
-    assert with_all_users(split)[0].clients == 4
+    assert mcfl.load_dataset(split).num_clients == 4
     with pytest.raises(DataError, match=r"^dataset 'test-user-clients' returns its 4 clients "
                                         r"already split, but clients is 5: give 4 or leave "
                                         r"clients out$"):
-        load_dataset(split.replace(clients=5))
+        mcfl.load_dataset(split.replace(clients=5))
     with pytest.raises(DataError, match="its partition may be natural or planted recipes alone"):
-        load_dataset(split.replace(partition="dirichlet:0.5"))
-    planted = load_dataset(split.replace(partition="permuted:2"), cache_dir=tmp_path)
+        mcfl.load_dataset(split.replace(partition="dirichlet:0.5"))
+    planted = mcfl.load_dataset(split.replace(partition="permuted:2"), cache_dir=tmp_path)
     assert sorted(planted.true_cluster.tolist()) == [0, 0, 1, 1]
     assert not list(tmp_path.iterdir())
     with pytest.raises(ConfigError, match=r"^dataset 'test-user-clients' cannot take "
                                           r"dataset_args \{'n': 3\}: got an unexpected"):
-        load_dataset(split.replace(dataset_args={"n": 3}))
+        mcfl.load_dataset(split.replace(dataset_args={"n": 3}))
 
 
 @register("test-user-no-test-rows")
@@ -419,13 +417,13 @@ def test_an_import_path_dataset_runs_from_python(tmp_path, monkeypatch):
     json.dumps(result.summary)
     with pytest.raises(DataError, match=r"^dataset 'user_data_py:not_data': its factory "
                                         r"returned int; it must return a FederatedDataset"):
-        load_dataset(mcfl.RunConfig(dataset="user_data_py:not_data", clients=2))
+        mcfl.load_dataset(mcfl.RunConfig(dataset="user_data_py:not_data", clients=2))
     with pytest.raises(DataError, match=r"^dataset 'user_data_py:nothing_back': its factory "
                                         r"returned NoneType; it must return a FederatedDataset"):
-        load_dataset(mcfl.RunConfig(dataset="user_data_py:nothing_back", clients=2))
+        mcfl.load_dataset(mcfl.RunConfig(dataset="user_data_py:nothing_back", clients=2))
     # a factory that raises: one line naming it, its arguments and the error
     with pytest.raises(DataError) as caught:
-        load_dataset(mcfl.RunConfig(dataset="user_data_py:missing_file", clients=2,
+        mcfl.load_dataset(mcfl.RunConfig(dataset="user_data_py:missing_file", clients=2,
                                     dataset_args={"n": 5}))
     assert str(caught.value) == (
         "dataset 'user_data_py:missing_file': its factory failed with dataset_args {'n': 5}: "

@@ -20,7 +20,7 @@ import pytest
 from conftest import Bound, ragged_dataset
 
 import mcfl
-from mcfl.algorithms import get, local_training
+from mcfl.algorithms import get
 from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining, RoundClients, train_and_aggregate, train_and_collect
@@ -161,7 +161,7 @@ def test_cli_runs_a_model_by_import_path_and_refuses_a_bad_one(tmp_path, monkeyp
             return nn.Dense(num_classes + 1)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    common = ["run", "--clients", "4", "--rounds", "1", "--synthetic-alpha", "0.5"]
+    common = ["run", "--clients", "4", "--rounds", "1", "--synthetic-beta", "0.5"]
     assert main(common + ["--model", "clinets:good", "--out", str(tmp_path / "run")]) == 0
     summary = (tmp_path / "run" / "summary.json").read_text()
     assert '"model": "clinets:good"' in summary
@@ -285,7 +285,7 @@ def test_a_model_that_fails_before_round_one_is_one_line_and_leaves_no_folder(
         model, message, tmp_path):
     """Through `mcfl.run`: a `ConfigError` starting with the message (naming the model, the
     mode and the error), raised before the run folder is made."""
-    config = mcfl.RunConfig(clients=4, rounds=1, synthetic_alpha=0.5, embed_clients=0)
+    config = mcfl.RunConfig(clients=4, rounds=1, synthetic_beta=0.5, embed_clients=0)
     with pytest.raises(ConfigError) as caught:
         mcfl.run(config, model=model, out_dir=tmp_path / "run")
     text = str(caught.value)
@@ -360,7 +360,7 @@ def raises(feature_shape, num_classes):
 def test_cli_refuses_a_failing_model_in_one_line_and_exit_code_2(tmp_path, monkeypatch, capsys):
     (tmp_path / "clibad.py").write_text(textwrap.dedent(BAD_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
-    common = ["run", "--clients", "4", "--rounds", "1", "--synthetic-alpha", "0.5",
+    common = ["run", "--clients", "4", "--rounds", "1", "--synthetic-beta", "0.5",
               "--embed-clients", "0"]
     expected = {
         "clibad:int_logits": "model 'clibad:int_logits' returns int32 logits; it must return "
@@ -449,9 +449,10 @@ def test_fedbn_keeps_each_clients_norm_layers(data):
     their own; a client not yet sampled keeps the initial ones."""
     model = make_model(NormNet(), (5,), 3)
     config = mcfl.RunConfig(lr=0.1, local_steps=2, batch_size=4, bn="local")
-    algorithm = Bound(with_local_norm(
-        get("fedavg").build(mcfl.algorithms.context_of(config, model, 2)), model.collections),
-        mcfl.algorithms.hyperparams(config, model))
+    plan = mcfl.resolve(config)
+    algorithm = Bound(with_local_norm(get("fedavg").build(plan.context(model, 2)),
+                                      model.collections),
+                      plan.hyperparams(model))
     state = algorithm.init(data, jax.random.key(0))
     initial = algorithm.client_models(state)[0]
     step = jax.jit(lambda st, k: algorithm.round(st, data, k))
@@ -470,19 +471,19 @@ def test_fedbn_keeps_each_clients_norm_layers(data):
     assert set(map(len, (local_part(jax.tree.map(lambda m: m[0], models),
                                     model.collections),))) == {4}  # mean, var, scale, bias
     with pytest.raises(ConfigError, match="has no mutable collections"):
-        with_local_norm(get("fedavg").build(mcfl.algorithms.context_of(
-            config, make_model(NamedMLP(), (5,), 3), 2)), ())
+        with_local_norm(get("fedavg").build(plan.context(make_model(NamedMLP(), (5,), 3),
+                                                         2)), ())
 
 
 def test_stateful_models_run_end_to_end_and_gradient_algorithms_refuse_them():
     config = mcfl.RunConfig(algorithm="fesem", clients=8, rounds=1, clients_per_round=4,
-                            synthetic_alpha=0.5, local_steps=2, bn="local")
+                            synthetic_beta=0.5, local_steps=2, bn="local")
     result = mcfl.run(config, model=NormNet(10))
     assert result.summary["config"]["model"] == "python:NormNet"
     assert np.isfinite(result.summary["final_accuracy_micro"])
     with pytest.raises(ConfigError, match="fedsgd steps the global model by the clients' "
                                           "gradients"):
-        mcfl.run(config.replace(algorithm="fedsgd"), model=NormNet(10))
+        mcfl.run(config.replace(algorithm="fedsgd", local_steps=None), model=NormNet(10))
     with pytest.raises(ConfigError, match="was given as a Python object; pass it again"):
         mcfl.run(config.replace(model="python:NormNet"))
 
@@ -558,10 +559,11 @@ def test_convolutions_as_matmul_equal_flax_conv_in_values_and_gradients():
 
 def test_local_training_of_a_config_carries_the_models_train_mode():
     model = make_model(NormNet(), (5,), 3)
-    training = local_training(mcfl.RunConfig(), model)
+    training = mcfl.resolve(mcfl.RunConfig()).local_training(model)
     assert training.train_apply is model.train_apply
     assert training.collections == ("batch_stats",)
-    assert local_training(mcfl.RunConfig(), make_model("mclr", (5,), 3)).train_apply is None
+    assert mcfl.resolve(mcfl.RunConfig()).local_training(
+        make_model("mclr", (5,), 3)).train_apply is None
 
 
 def test_docs_own_model_example_runs(capsys):

@@ -69,10 +69,20 @@ class AsyncParams:
                                  "update started more versions ago is discarded (counted)",
                                  minimum=0)
 
-    def check(self, config) -> None:
-        if config.clients is not None and self.concurrency > config.clients:
-            raise ConfigError(f"concurrency (C = {self.concurrency}) cannot exceed the number "
-                              f"of clients ({config.clients})")
+    def check(self, run) -> None:
+        if run.clients is not None and self.concurrency > run.clients:
+            raise ConfigError(f"--concurrency {self.concurrency} (C) cannot exceed the number "
+                              f"of clients ({run.clients})")
+
+    def unused(self, run) -> dict[str, str]:
+        """The staleness function's parameters its rule leaves unused."""
+        why = f"is a parameter of the staleness function; --staleness {self.staleness} "
+        if self.staleness == "constant":
+            return {"staleness_a": why + "weighs every update 1",
+                    "staleness_b": why + "weighs every update 1"}
+        if self.staleness == "polynomial":
+            return {"staleness_b": why + "is (1 + tau)^-a (b is the hinge's)"}
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +91,8 @@ class FedBuffParams(AsyncParams):
     server_lr: float = setting(1.0, "eta_g, the server's step on the mean buffered update",
                                above=0)
 
-    def check(self, config) -> None:
-        super().check(config)
+    def check(self, run) -> None:
+        super().check(run)
         if self.buffer_size > self.concurrency:
             raise ConfigError(f"buffer_size (K = {self.buffer_size}) cannot exceed concurrency "
                               f"(C = {self.concurrency}): the server would wait for more "

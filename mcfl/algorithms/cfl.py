@@ -131,7 +131,7 @@ class CFLParams:
                           "the half keeping the parent's slot; the paper, which samples every "
                           "client)", key="cfl_rejoin", choices=REJOIN)
 
-    def check(self, config) -> None:
+    def check(self, run) -> None:
         if self.eps1 > self.eps2:
             raise ConfigError(f"CFL needs 0 <= eps1 <= eps2, got eps1={self.eps1}, "
                               f"eps2={self.eps2}")

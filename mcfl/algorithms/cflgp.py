@@ -137,6 +137,11 @@ PROTOCOLS = ("gradient", "model_averaging")
 CRITERIA = ("round_robin", "fixed0")
 
 
+# The shared settings of local training, which a round of one gradient per client leaves
+# unused (`CFLGPParams.unused`, `fedsgd`'s).
+LOCAL_TRAINING = ("lr", "local_epochs", "local_steps", "client_optimizer", "weight_decay")
+
+
 @dataclasses.dataclass(frozen=True)
 class CFLGPParams:
     protocol: str = setting("gradient", "what a client returns: gradient (one minibatch "
@@ -156,6 +161,19 @@ class CFLGPParams:
                              "own cluster's model)", key="cflgp_criterion", choices=CRITERIA)
     restarts: int = setting(10, "k-means restarts (k-means++ seeding) of each clustering",
                             key="cflgp_restarts", minimum=1)
+
+    def unused(self, run) -> dict[str, str]:
+        """Under the gradient protocol a client computes one minibatch gradient (its local
+        training's settings go unused, but for the clock's count of its work); under model
+        averaging the server takes its members' mean model (no server step)."""
+        if self.protocol == "model_averaging":
+            return {"server_lr": "is the gradient protocol's server step; --cflgp-protocol "
+                                 "model_averaging takes the members' mean model"}
+        if run.clock:
+            return {}
+        why = ("is a setting of local training; --cflgp-protocol gradient sends one minibatch "
+               "gradient a round (its server step is --server-lr)")
+        return {key: why for key in LOCAL_TRAINING}
 
 
 class CFLGPState(ClusterState):

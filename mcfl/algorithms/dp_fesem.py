@@ -70,6 +70,13 @@ class DPFeSEMParams:
     sketch: int = setting(32, "dimensions of the clients' update sketches the initialisation "
                           "clusters", key="dp_fesem_sketch", minimum=1)
 
+    def unused(self, run) -> dict[str, str]:
+        """Without --dp-clip the initialisation adds no noise."""
+        if run.private:
+            return {}
+        return {"dp_fesem_init_noise": "is the private initialisation's noise; without "
+                                       "--dp-clip dp_fesem runs without clipping or noise"}
+
     def private_initialisation(self) -> float:
         """The noise multiplier the accountant composes before the rounds
         (`initial_noise_released`; `mcfl.privacy.plan`)."""

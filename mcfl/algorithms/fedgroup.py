@@ -188,7 +188,7 @@ class FedGroupParams:
                                  "parameters updates for the intra-group aggregation')",
                                  choices=NEWCOMER_JOINS)
 
-    def check(self, config) -> None:
+    def check(self, run) -> None:
         if self.pretrain == "full" and self.pretrain_steps is not None:
             raise ConfigError(f"pretrain_steps replaces the paper's pre-training epoch; give "
                               f"it or pretrain=full, not both (got pretrain_steps="
@@ -200,11 +200,11 @@ class FedGroupParams:
                 "pretrain_steps, newcomers=similar): only then does a newcomer go on from W_0; "
                 f"got pretrain={self.pretrain}, pretrain_steps={self.pretrain_steps}, "
                 f"newcomers={self.newcomers}")
-        needed = self.pretrain_scale * config.clusters
-        if config.clients is not None and needed > config.clients:
+        needed = self.pretrain_scale * run.clusters
+        if run.clients is not None and needed > run.clients:
             raise ConfigError(
                 f"the group cold start needs pretrain_scale * clusters = {self.pretrain_scale} "
-                f"* {config.clusters} = {needed} clients, more than the {config.clients} "
+                f"* {run.clusters} = {needed} clients, more than the {run.clients} "
                 "clients; lower --pretrain-scale or --clusters")
 
 

@@ -38,15 +38,16 @@ class FedNovaParams:
                         "SGD, the paper's FedNova; > 0: FedProx normalised, Sec. 4)",
                         key="fednova_mu", minimum=0)
 
-    def check(self, config) -> None:
-        if config.client_optimizer == "adam" or config.weight_decay != 0:
+    def check(self, run) -> None:
+        training = run.training
+        if training.optimizer == "adam" or training.weight_decay != 0:
             raise ConfigError(
                 f"fednova normalises by the local SGD steps' coefficients, known for sgd and "
                 f"momentum without weight decay; got client_optimizer="
-                f"{config.client_optimizer}, weight_decay={config.weight_decay}")
-        if config.client_optimizer == "momentum" and self.mu > 0:
+                f"{training.optimizer}, weight_decay={training.weight_decay}")
+        if training.optimizer == "momentum" and self.mu > 0:
             raise ConfigError(f"fednova takes either momentum or fednova_mu > 0, not both "
-                              f"(got momentum={config.momentum}, fednova_mu={self.mu})")
+                              f"(got momentum={training.momentum}, fednova_mu={self.mu})")
 
 
 def gradient_weight(steps: jax.Array, training: LocalTraining) -> jax.Array:

@@ -43,11 +43,11 @@ class FedRepParams:
         10, "epochs a client trains its head (body fixed) before the body (the paper's "
         "tau_h: 10)", key="fedrep_head_epochs", minimum=1)
 
-    def check(self, config) -> None:
-        if config.weight_decay != 0:
+    def check(self, run) -> None:
+        if run.training.weight_decay != 0:
             raise ConfigError(f"fedrep holds one part of the model fixed while the other "
                               f"trains, which weight decay would move; got weight_decay="
-                              f"{config.weight_decay} (allowed: 0)")
+                              f"{run.training.weight_decay} (allowed: 0)")
 
 
 @register("fedrep", FedRepParams, reference="Collins et al., 2021, FedRep",

@@ -7,6 +7,7 @@ instead of training. The gradient is its message: it goes through the run's tran
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import flax.struct
@@ -85,7 +86,20 @@ class FedSGDState(flax.struct.PyTreeNode):
     opt_state: object
 
 
-@register("fedsgd", reference="McMahan et al., 2017",
+@dataclasses.dataclass(frozen=True)
+class FedSGDParams:
+    """FedSGD has no hyperparameters of its own; its clients compute one full-batch gradient
+    and train nothing, so the settings of local training go unused (`unused`)."""
+
+    def unused(self, run) -> dict[str, str]:
+        why = ("is a setting of local training; a FedSGD client computes its full-batch "
+               "gradient and trains nothing (--lr is the server's step)")
+        keys = ("client_optimizer", "weight_decay", "low_rank") + (
+            () if run.clock else ("batch_size", "local_epochs", "local_steps"))
+        return {key: why for key in keys}
+
+
+@register("fedsgd", FedSGDParams, reference="McMahan et al., 2017",
           summary="each sampled client computes its full-batch gradient; the server averages "
           "them (weighted by n_i) and takes one SGD step of size --lr")
 def fedsgd(context: AlgorithmContext, chunk: int = CLIENT_ROWS_CHUNK) -> FederatedAlgorithm:

@@ -52,13 +52,13 @@ class FLHCParams:
                                "between updates (at most K clusters); 0: exactly K clusters",
                                key="flhc_threshold", minimum=0)
 
-    def check(self, config) -> None:
+    def check(self, run) -> None:
         # The clustering round is round warmup + 1: a warm-up as long as the run makes FL+HC
         # plain FedAvg.
-        if self.warmup >= config.rounds:
+        if self.warmup >= run.rounds:
             raise ConfigError(f"flhc_warmup={self.warmup} leaves no round for FL+HC's clustering "
-                              f"(round {self.warmup + 1}) in a run of {config.rounds} rounds; "
-                              f"allowed: 0 to {config.rounds - 1}")
+                              f"(round {self.warmup + 1}) in a run of {run.rounds} rounds; "
+                              f"allowed: 0 to {run.rounds - 1}")
 
 
 @register("flhc", FLHCParams, clustered=True, reference="Briggs et al., 2020, FL+HC",

@@ -55,11 +55,11 @@ class PFedMeParams:
     beta: float = setting(1.0, "server step: (1 - beta) w + beta * clients' mean (the "
                           "paper: 1 or 2)", key="pfedme_beta", above=0)
 
-    def check(self, config) -> None:
-        if config.client_optimizer != "sgd" or config.weight_decay != 0:
+    def check(self, run) -> None:
+        if run.training.optimizer != "sgd" or run.training.weight_decay != 0:
             raise ConfigError(
                 f"pfedme's local update is plain SGD on w (Alg. 1); got client_optimizer="
-                f"{config.client_optimizer}, weight_decay={config.weight_decay} (allowed: "
+                f"{run.training.optimizer}, weight_decay={run.training.weight_decay} (allowed: "
                 f"client_optimizer=sgd, weight_decay=0)")
 
 

@@ -16,6 +16,7 @@ file and its registration (docs/extending.md, "Adding an algorithm").
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
@@ -23,6 +24,7 @@ import jax
 
 from mcfl import settings
 from mcfl.errors import ConfigError, choice_error
+from mcfl.models import make_model
 
 
 class AlgorithmContext(NamedTuple):
@@ -43,6 +45,21 @@ class AlgorithmContext(NamedTuple):
     system: Any = None
 
 
+class RunShape(NamedTuple):
+    """What an algorithm's hyperparameters are checked against beside themselves (their
+    ``check(run)`` and ``unused(run)``): the run's clients (None: a natural dataset's users,
+    not counted yet), rounds, K (`clusters`, 1 for a single-model algorithm), the clients'
+    local training (`mcfl.engine.TrainingSpec`), whether client-level DP is on (`private`)
+    and whether the simulated clock counts the clients' work (`clock`)."""
+
+    clients: Optional[int]
+    rounds: int
+    clusters: int
+    training: Any
+    private: bool = False
+    clock: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class NoParams:
     """An algorithm without hyperparameters of its own."""
@@ -61,6 +78,13 @@ class AlgorithmSpec(NamedTuple):
     def build(self, context: AlgorithmContext):
         """The algorithm, built once for `context`; its functions take `hp`."""
         return self.factory(context)
+
+    @property
+    def keeps(self) -> str:
+        """What the algorithm keeps per client: "rows" (a client store holds them), "start"
+        (every client's trained model at the start, streamed by a host or disk store) or
+        "nothing" (`kept_per_client`)."""
+        return kept_per_client(self.name)
 
     def params_with(self, params=None, **overrides):
         """Its hyperparameters: `params` (an instance of `self.params`; default: the
@@ -116,6 +140,35 @@ def build(name: str, context: AlgorithmContext):
     return get(name).build(context)
 
 
+# The model an algorithm is built with to see what it keeps per client: the smallest one
+# (building traces nothing, so its size does not matter).
+_PROBE_MODEL_ARGS = ("mclr", (4,), 3)
+
+
+@functools.cache
+def kept_per_client(name: str) -> str:
+    """What algorithm `name` keeps per client (`AlgorithmSpec.keeps`), from the algorithm
+    built once with a probe model: what it keeps does not depend on its hyperparameters'
+    values."""
+    spec = get(name)
+    context = AlgorithmContext(model=make_model(*_PROBE_MODEL_ARGS), clients_per_round=2,
+                               num_clusters=2 if spec.clustered else 1)
+    algorithm = spec.build(context)
+    if algorithm.rows:
+        return "rows"
+    state = algorithm.client_state
+    return "start" if state is not None and state.start is not None else "nothing"
+
+
+def unused_settings(params, run: RunShape) -> dict[str, str]:
+    """The settings (flat keys: the algorithm's own hyperparameters, or shared settings) that
+    `params`' values leave unused in `run`, each with why: what the dataclass's
+    ``unused(run)`` says (a rule's parameter under another rule, local training in an
+    algorithm that trains nothing, ...); {} when it says nothing."""
+    unused = getattr(params, "unused", None)
+    return {} if unused is None else dict(unused(run))
+
+
 def with_values(cls, params, values: dict[str, Any]):
     """`params` with `values` (by field name or flat key) replaced, validated."""
     by_name = {f.name: settings.key_of(f) for f in dataclasses.fields(cls)}
@@ -152,7 +205,8 @@ def markdown_table(link: Optional[Callable[[str], str]] = None) -> str:
              "| --- | --- | --- | --- |"]
     for spec in REGISTRY.values():
         params = ", ".join(
-            f"`--{settings.key_of(f).replace('_', '-')}` ({settings.shown(f.default)})"
+            f"{settings.flag_text(settings.key_of(f), isinstance(f.default, bool))} "
+            f"({settings.shown(f.default)})"
             for f in dataclasses.fields(spec.params)) or "-"
         name = f"[`{spec.name}`]({link(spec.name)})" if link else f"`{spec.name}`"
         lines.append(f"| {name} | {spec.summary} | {params} | {spec.reference} |")

@@ -46,11 +46,12 @@ class ScaffoldParams:
     server_lr: float = setting(1.0, "server step toward the clients' average (1: plain "
                                "averaging; SCAFFOLD's eta_g)", above=0)
 
-    def check(self, config) -> None:
-        if config.client_optimizer != "sgd" or config.weight_decay != 0:
+    def check(self, run) -> None:
+        if run.training.optimizer != "sgd" or run.training.weight_decay != 0:
             raise ConfigError(
                 f"scaffold's control variates (option II) assume plain local SGD; got "
-                f"client_optimizer={config.client_optimizer}, weight_decay={config.weight_decay}"
+                f"client_optimizer={run.training.optimizer}, "
+                f"weight_decay={run.training.weight_decay}"
                 f" (allowed: client_optimizer=sgd, weight_decay=0)")
 
 

@@ -17,6 +17,8 @@ re-derived (a sort of the rows) only in the rounds where owners change, under `l
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -99,6 +101,16 @@ def _incremental_owner(data: FederatedData, fraction) -> jax.Array:
 
 def _swap(owner, a, b):
     return jnp.where(owner == a, b, jnp.where(owner == b, a, owner))
+
+
+class ShiftSpec(NamedTuple):
+    """A run's distribution shift: `kind` (swap_all | swap_part | incremental), the chance of a
+    swap a round (`prob`, for the swaps; traced: ``hp.shift_prob``) and the rounds between
+    releases of more data (`interval`, for incremental); the other is None."""
+
+    kind: str
+    prob: Optional[float] = None
+    interval: Optional[int] = None
 
 
 def with_shift(algorithm: FederatedAlgorithm, kind: str,

@@ -32,6 +32,7 @@ from mcfl.errors import ConfigError, choice_error
 from mcfl.files import atomic
 from mcfl.files.figures import save_figure
 from mcfl.files.run_folder import json_safe
+from mcfl.runs.plan import resolve
 from mcfl.settings import split_list
 
 DEFAULT_ALGORITHMS = ("fedavg", "fesem", "ifca", "flexcfl")
@@ -110,7 +111,7 @@ def plan_points(
 
 def _check_point(point: Point) -> None:
     if point.kind == "train":
-        training_config(point)  # raises ConfigError naming the bad value
+        resolve(training_config(point))  # raises ConfigError naming the bad value
     elif point.clusters > point.clients:
         raise ConfigError(f"clusters (K = {point.clusters}) cannot exceed the number of clients "
                           f"({point.clients}) of the clustering step")

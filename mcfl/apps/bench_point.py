@@ -103,7 +103,7 @@ def training_config(point: Point) -> RunConfig:
         conv=point.conv,
         block_size=point.block_size,
         eval_every=point.rounds,
-        clusters=point.clusters,
+        **({"clusters": point.clusters} if registry.get(point.algorithm).clustered else {}),
         **extra,
     )
 

@@ -82,7 +82,9 @@ def table_settings(tiny: bool = False, data_dir: Optional[str] = None) -> dict[s
         base.update(dataset="synthetic", partition=None, model="mclr", clients=20,
                     clients_per_round=4, rounds=2, local_epochs=1, eval_every=1, clusters=2,
                     embed_clients=0)
-    cells = {name: {**base, "algorithm": name} for name in TABLE_CELLS}
+    # each cell changes the setting's algorithm (FlexCFL's) as a table's cells do: K and the
+    # score go to the clustered cells only
+    cells = {name: from_dict(base).replace(algorithm=name).to_dict() for name in TABLE_CELLS}
     if tiny:  # FlexCFL's cold start needs pretrain_scale * K clients
         cells["flexcfl"]["pretrain_scale"] = 2
     return cells

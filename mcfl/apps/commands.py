@@ -19,15 +19,15 @@ from mcfl.apps.plots import plot_clusters
 from mcfl.apps.progress import progress_bar
 from mcfl.apps.select_k import write_select_k
 from mcfl.config import RunConfig, algorithm_names, all_keys, from_dict
-from mcfl.data import load_dataset
 from mcfl.data.describe import describe
 from mcfl.data.export import export_dataset
 from mcfl.errors import ConfigError, McflError
 from mcfl.files import checkpoint, kinds
 from mcfl.files.figures import check_figure_path
 from mcfl.files.run_folder import SETTINGS_FILE, check_target
+from mcfl.runs.plan import resolve
 from mcfl.runs.resume import resume_settings
-from mcfl.runs.runner import run
+from mcfl.runs.runner import load_dataset, run
 from mcfl.runs.select_k import select_k
 from mcfl.runtime import distributed
 from mcfl.settings import split_list
@@ -90,6 +90,7 @@ def cmd_run(args) -> int:
     else:
         config = config_from_args(args)
         out = Path(args.out) if args.out else _default_out(config)
+        resolve(config, checkpoint_every=args.checkpoint_every)  # refused: nothing made yet
     # Checked in every process before any starts: a bad --log or a missing library, one line.
     trackers = tracking.from_specs(args.log)
     if multi_process:
@@ -131,6 +132,8 @@ def cmd_run(args) -> int:
     if "dp_epsilon" in s:
         private = (f"; epsilon {s['dp_epsilon']:.4g} at delta {s['dp_delta']:.3g} "
                    f"({s['dp_accountant'].upper()}, z = {s['dp_noise']:.4g})")
+    for note in s.get("notes", ()):
+        print(f"mcfl: note: {note}", file=sys.stderr)
     print(
         f"{config.algorithm}: accuracy micro {s['final_accuracy_micro']:.4f} "
         f"({best}), macro {s['final_accuracy_macro']:.4f}, "

@@ -19,9 +19,8 @@ from typing import NamedTuple, Optional
 
 from mcfl.apps.progress import progress_bar
 from mcfl.config import RunConfig
-from mcfl.data import load_dataset
 from mcfl.files.figures import plot_runs
-from mcfl.runs.runner import run
+from mcfl.runs.runner import load_dataset, run
 
 
 class Experiment(NamedTuple):

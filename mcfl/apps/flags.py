@@ -138,9 +138,16 @@ def check_cache_dir(args) -> None:
 
 
 def config_from_args(args: argparse.Namespace, base: Optional[dict] = None) -> RunConfig:
+    """`base`, then the --config file, then the flags given. A flag naming another algorithm
+    than the file's changes it as `RunConfig.replace` does: the file's settings the new
+    algorithm does not take (its K, the old algorithm's hyperparameters) go with the old one,
+    so one experiment file serves each algorithm of its table."""
     values: dict[str, Any] = dict(base or {})
     if getattr(args, "config", None):
         values.update(load_file(args.config))
     keys = all_keys()
-    values.update({k: v for k, v in vars(args).items() if k in keys})
-    return from_dict(values)
+    given = {k: v for k, v in vars(args).items() if k in keys}
+    named = values.get("algorithm")
+    if named is not None and given.get("algorithm", named) != named:
+        return from_dict(values).replace(**given)
+    return from_dict({**values, **given})

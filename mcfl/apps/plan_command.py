@@ -23,6 +23,7 @@ from mcfl.errors import McflError, choice_error
 from mcfl.planning import tpu_compile
 from mcfl.planning.estimate import RunEstimate, TargetBound, bound_on, estimate_run
 from mcfl.planning.targets import CPU_HERE, DEFAULT, NAMES, TARGETS, Target, measure_cpu
+from mcfl.runs.plan import resolve
 from mcfl.runtime import memory
 from mcfl.settings import split_list
 
@@ -52,7 +53,8 @@ def cmd_plan(args) -> int:
     names = parse_targets(args.target)
     config = config_from_args(args)
     start = time.perf_counter()
-    fit = memory.data_fit(config)
+    resolved = resolve(config)  # a setting that does not apply: refused before anything
+    fit = memory.data_fit(resolved.data)
     if fit is not None and not fit.fits:  # nothing is built: the data's estimate is the plan
         seconds = time.perf_counter() - start
         if args.json:
@@ -231,8 +233,32 @@ def format_plan(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds: f
             lines += _compiled_lines(b)
     if tpu_note:
         lines.append(tpu_note)
+    if estimate.resolved is not None:
+        lines += ["", *resolved_lines(estimate.resolved)]
     lines.append(f"planned in {seconds:.1f} s")
     return "\n".join(lines)
+
+
+def resolved_lines(resolved: dict) -> list[str]:
+    """The resolved plan (`mcfl.runs.plan.Plan.describe`), a part a line: what every setting
+    came to, defaults filled in (what run.json's "plan" records)."""
+    lines = ["the resolved plan (every default filled in; run.json records it as \"plan\"):"]
+
+    def flat(value, prefix=""):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from flat(item, f"{prefix}{key}.")
+        elif value is not None:
+            yield f"{prefix[:-1]}={value}"
+
+    for part, value in resolved.items():
+        if part == "notes":
+            lines += [f"  note: {note}" for note in value]
+        elif isinstance(value, dict):
+            lines.append(f"  {part:<14} " + " ".join(flat(value)))
+        else:
+            lines.append(f"  {part:<14} {'-' if value is None else value}")
+    return lines
 
 
 def _compiled_lines(bound: TargetBound) -> list[str]:
@@ -323,5 +349,6 @@ def plan_document(estimate: RunEstimate, bounds: Sequence[TargetBound], seconds:
                     for b in bounds},
         "tpu_note": tpu_note,
         "privacy": estimate.privacy,
+        "plan": estimate.resolved,
         "plan_seconds": seconds,
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -18,18 +18,24 @@ from mcfl.data.leaf import load_leaf
 from mcfl.data.loaders import load_arrays, normalize
 from mcfl.data.partition import dirichlet, iid
 from mcfl.data.registry import register
-from mcfl.data.settings import DATA_FIELDS, DEFAULT_CLIENTS, NATURAL, DataSettings
+from mcfl.data.settings import (
+    DATA_FIELDS,
+    DEFAULT_CLIENTS,
+    RECIPE_TEST_FRACTION,
+    STANDARDIZED,
+    DataSettings,
+    DataSpec,
+    resolve_data,
+)
 from mcfl.data.spec import Partition, parse_partition
 from mcfl.data.synthetic import generate_synthetic
 from mcfl.data.user import from_arrays, from_clients, plant
 from mcfl.errors import DataError
 
-if TYPE_CHECKING:
-    from mcfl.config import RunConfig
-
 __all__ = [
     "DATA_FIELDS",
     "DataSettings",
+    "DataSpec",
     "FederatedData",
     "FederatedDataset",
     "LabelledArrays",
@@ -47,38 +53,9 @@ __all__ = [
     "build_dataset",
     "partition_arrays",
     "parse_partition",
+    "resolve_data",
+    "with_held_out",
 ]
-
-# Recipe defaults (the authors' generators): the FedProx generators split 90/10, Ditto's test
-# rows are 1/6 of its train rows (1/7 of all), everything else 80/20.
-_TEST_FRACTION = {"fedprox-mnist": 0.1, "ditto-fmnist": 1 / 7}
-_STANDARDIZED = ("fedprox-mnist", "ditto-fmnist")
-
-
-def data_seed(config: RunConfig) -> int:
-    return config.seed if config.data_seed is None else config.data_seed
-
-
-def partition_of(config: RunConfig) -> Partition:
-    """The config's partition, or the dataset's default (natural users, else IID)."""
-    if config.partition is not None:
-        return parse_partition(config.partition)
-    return parse_partition("natural" if config.dataset in NATURAL else "iid")
-
-
-def test_fraction_of(config: RunConfig, part: Partition) -> float:
-    if config.test_fraction is not None:
-        return config.test_fraction
-    if config.dataset == "synthetic":
-        return 0.1
-    return _TEST_FRACTION.get(part.kind, 0.2)
-
-
-def normalization_of(config: RunConfig, part: Partition) -> str:
-    if config.normalize is not None:
-        return config.normalize
-    return "standardize" if part.kind in _STANDARDIZED else "scale"
-
 
 def partition_arrays(
     arrays: LabelledArrays,
@@ -165,107 +142,96 @@ def _owners_within_groups(part: Partition, y: np.ndarray, row_group: np.ndarray,
     return owner
 
 
-def build_dataset(config: RunConfig) -> FederatedDataset:
-    """Build the federated dataset a config names (on the host, then put on the device)."""
-    part = partition_of(config)
-    seed = data_seed(config)
-    if registry.is_user_dataset(config.dataset):
-        return _user_dataset(config, seed)
-    if config.dataset == "synthetic":
-        return generate_synthetic(
-            config.clients, config.synthetic_alpha, config.synthetic_beta, seed,
-            test_fraction=test_fraction_of(config, part),
-        )
-    if config.dataset == "fedem-synthetic":  # test rows: 5000 a client, unless a share is given
-        return generate_fedem_synthetic(config.clients, seed, config.test_fraction)
-    if config.dataset == "leaf":
-        if config.data_dir is None:
-            raise DataError("dataset leaf needs --data-dir DIR holding its train/ and test/ "
-                            "folders of LEAF JSON files")
-        dataset = load_leaf(config.data_dir, config.clients, test_fraction=config.test_fraction,
+def build_dataset(spec: DataSpec) -> FederatedDataset:
+    """Build the federated dataset `spec` describes (on the host, then put on the device)."""
+    if spec.is_users:
+        return _user_dataset(spec)
+    part, seed = spec.partition, spec.seed
+    if spec.dataset == "synthetic":
+        alpha, beta = spec.synthetic
+        return generate_synthetic(spec.clients, alpha, beta, seed,
+                                  test_fraction=spec.test_fraction)
+    if spec.dataset == "fedem-synthetic":  # test rows: 5000 a client, unless a share is given
+        return generate_fedem_synthetic(spec.clients, seed, spec.test_fraction)
+    if spec.dataset == "leaf":
+        if spec.data_dir is None:
+            raise DataError("dataset 'leaf' needs --data-dir (a folder with train/ and test/ "
+                            "JSON files)")
+        dataset = load_leaf(spec.data_dir, spec.clients, test_fraction=spec.test_fraction,
                             seed=seed)
-        # (planted clusters written beside the files by `mcfl data export`)
-        true_cluster = read_true_cluster(config.data_dir, dataset.client_ids)
+        true_cluster = read_true_cluster(spec.data_dir, dataset.client_ids)
         return dataset if true_cluster is None else dataclasses.replace(
             dataset, true_cluster=true_cluster)
-    arrays = load_arrays(config.dataset, config.data_dir, config.download)
-    return partition_arrays(
-        arrays, part, config.clients, test_fraction_of(config, part),
-        normalization_of(config, part), seed, config.samples_per_client,
-    )
+    arrays = load_arrays(spec.dataset, spec.data_dir, spec.download)
+    return partition_arrays(arrays, part, spec.clients, spec.test_fraction, spec.normalize,
+                            seed, spec.samples_per_client)
 
 
-def _user_dataset(config: RunConfig, seed: int) -> FederatedDataset:
+def _user_dataset(spec: DataSpec) -> FederatedDataset:
     """A user's dataset (`registry`): pooled rows (`LabelledArrays`) are split like the
-    built-in arrays, over `clients` (default 100) by the partition; clients already split (a
-    `FederatedDataset`) are used as they are, with planted clusters when the partition names
-    only a planted recipe (`plant`)."""
-    made = registry.build(config.dataset, config.dataset_args)
+    built-in arrays, over `clients` (default 100) by the partition (IID when none is given);
+    clients already split (a `FederatedDataset`) are used as they are, with planted clusters
+    when the partition names only a planted recipe (`plant`)."""
+    made = registry.build(spec.dataset, spec.dataset_args)
     if isinstance(made, LabelledArrays):
-        part = partition_of(config)
+        part = spec.partition or parse_partition("iid")
         if part.kind == "natural":
-            raise DataError(f"dataset {config.dataset!r} returns pooled rows (LabelledArrays), "
+            raise DataError(f"dataset {spec.dataset!r} returns pooled rows (LabelledArrays), "
                             "which have no natural split: give a --partition such as iid or "
                             "dirichlet:0.5, or return clients (mcfl.data.from_clients)")
-        return partition_arrays(
-            made, part, config.clients or DEFAULT_CLIENTS, test_fraction_of(config, part),
-            normalization_of(config, part), seed, config.samples_per_client,
-        )
-    what = f"dataset {config.dataset!r} returns its {made.num_clients} clients already split"
-    if config.clients is not None and config.clients != made.num_clients:
-        raise DataError(f"{what}, but clients is {config.clients}: give {made.num_clients} or "
+        test_fraction = spec.test_fraction
+        if test_fraction is None:
+            test_fraction = RECIPE_TEST_FRACTION.get(part.kind, 0.2)
+        normalization = spec.normalize
+        if normalization is None:
+            normalization = "standardize" if part.kind in STANDARDIZED else "scale"
+        return partition_arrays(made, part, spec.clients or DEFAULT_CLIENTS, test_fraction,
+                                normalization, spec.seed, spec.samples_per_client)
+    what = f"dataset {spec.dataset!r} returns its {made.num_clients} clients already split"
+    if spec.clients is not None and spec.clients != made.num_clients:
+        raise DataError(f"{what}, but clients is {spec.clients}: give {made.num_clients} or "
                         "leave clients out")
     given = next((key for key in ("samples_per_client", "test_fraction", "normalize")
-                  if getattr(config, key) is not None), None)
+                  if getattr(spec, key) is not None), None)
     if given is not None:
-        raise DataError(f"{what}: {given} does not apply to it (set it in its factory)")
-    if config.partition is None:
+        raise DataError(f"{what}: --{given.replace('_', '-')} does not apply to it (set it in "
+                        f"its factory)")
+    part = spec.partition
+    if part is None or part.kind == "natural" and not part.planted:
         return made
-    part = parse_partition(config.partition)
-    if part.kind == "natural":
-        return made
-    with_label_partition = config.partition.count("+") + 1 > len(part.planted)
-    if not part.planted or with_label_partition:
+    if not part.planted or part.kind != "iid":
         raise DataError(f"{what}: its partition may be natural or planted recipes alone "
                         f"(rotated:R, permuted:R, label_swap:R, shift_*:R@S), not "
-                        f"{config.partition!r}")
-    return plant(made, config.partition, seed)
+                        f"{str(part)!r}")
+    return plant(made, str(part).removesuffix("+iid"), spec.seed)
 
 
-def with_all_users(config: RunConfig, cache_dir: Optional[str | Path] = None
-                   ) -> tuple[RunConfig, Optional[FederatedDataset]]:
-    """`config` with its number of clients, and its dataset when that had to be loaded to
-    count them: a natural dataset (leaf) given no `clients` uses all its users, and a user's
-    dataset all the clients its factory split (pooled rows: 100)."""
-    if config.clients is not None:
-        return config, None
-    dataset = load_dataset(config, cache_dir)
-    return config.replace(clients=dataset.num_clients), dataset
-
-
-def with_held_out(dataset: FederatedDataset, config: RunConfig) -> FederatedDataset:
-    """`dataset` with ``config.unseen_share`` of its clients held out of training
+def with_held_out(dataset: FederatedDataset, spec: DataSpec) -> FederatedDataset:
+    """`dataset` with ``spec.unseen_share`` of its clients held out of training
     (`mcfl.data.unseen`, seeded by the data seed); as it is without a share."""
-    if config.unseen_share is None:
+    if spec.unseen_share is None:
         return dataset
     if dataset.unseen is not None:
         raise DataError(f"dataset {dataset.name!r} already holds clients out of training")
-    return unseen.with_unseen(dataset, config.unseen_share, data_seed(config))
+    return unseen.with_unseen(dataset, spec.unseen_share, spec.seed)
 
 
-def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None) -> FederatedDataset:
-    """The config's federated dataset, from `cache_dir` when it was built before (and stored
-    there after building when not). Without `cache_dir` nothing is read or written, nor for a
-    user's dataset (`registry`): its factory's code and files are out of the cache's sight, so
-    it is built each time."""
-    if cache_dir is None or registry.is_user_dataset(config.dataset):
-        return build_dataset(config)
-    settings = {name: getattr(config, name) for name in DATA_FIELDS}
-    settings.update(seed=data_seed(config), partition=str(partition_of(config)),
-                    source=cache.source_fingerprint(config.data_dir))
-    path = cache.cache_path(Path(cache_dir), config.dataset, cache.cache_key(settings))
+def load_dataset(spec: DataSpec, cache_dir: Optional[str | Path] = None) -> FederatedDataset:
+    """The federated dataset of `spec` (`mcfl.load_dataset(config)` gives a config's), from
+    `cache_dir` when it was built before (and stored there after building when not). Without
+    `cache_dir` nothing is read or written, nor for a user's dataset (`registry`): its
+    factory's code and files are out of the cache's sight, so it is built each time."""
+    if not isinstance(spec, DataSpec):
+        raise TypeError(f"mcfl.data.load_dataset takes a DataSpec, got {type(spec).__name__}; "
+                        f"for a config, mcfl.load_dataset(config)")
+    if cache_dir is None or spec.is_users:
+        return build_dataset(spec)
+    settings = {k: v for k, v in spec.describe().items() if k not in ("seed", "unseen_share",
+                                                                       "download")}
+    settings.update(seed=spec.seed, source=cache.source_fingerprint(spec.data_dir))
+    path = cache.cache_path(Path(cache_dir), spec.dataset, cache.cache_key(settings))
     dataset = cache.load(path)
     if dataset is None:
-        dataset = build_dataset(config)
+        dataset = build_dataset(spec)
         cache.save(path, dataset)
     return dataset

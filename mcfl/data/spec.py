@@ -17,6 +17,11 @@ from typing import NamedTuple, Optional
 from mcfl.data.shifts import DEFAULT_STRENGTH, SHIFT_KINDS
 from mcfl.errors import ConfigError
 
+# The largest Dirichlet alpha (beyond it the draw is IID to float precision) and the largest
+# count a recipe takes (classes per client, planted groups): an infinite or absurd value is
+# refused where it is read, not as a NumPy error while the data are built.
+MAX_DIRICHLET_ALPHA = 1e6
+MAX_COUNT = 1_000_000
 BASE_KINDS = ("iid", "dirichlet", "shards", "fedprox-mnist", "ditto-fmnist", "natural")
 SINGLE_PLANTED_KINDS = ("rotated", "permuted", "label_swap")
 PLANTED_KINDS = SINGLE_PLANTED_KINDS + SHIFT_KINDS
@@ -72,7 +77,7 @@ def _parse_shares(kind: str, value: str, part: str, spec: str) -> tuple[str, tup
         weights = tuple(float(w) for w in shares.split(","))
     except ValueError:
         weights = ()
-    if (not weights or not all(w > 0 for w in weights)
+    if (not weights or not all(0 < w < math.inf for w in weights)
             or not count.isdigit() or len(weights) != int(count)):
         raise ConfigError(f"planted proportions must be R positive numbers after the slash, "
                           f"as in {kind}:4/4,3,2,1; got {part!r}")
@@ -117,10 +122,13 @@ def _parse_part(part: str, spec: str) -> tuple[str, Optional[float], tuple, Opti
             f"partition {kind!r} needs {wanted} as in "
             f"{kind}:{'0.5' if _TAKES_ARG[kind] is float else '2'}, got {part!r}"
         ) from None
-    if kind == "dirichlet" and not number > 0:
-        raise ConfigError(f"dirichlet alpha must be > 0, got {number:g}")
-    if kind != "dirichlet" and number < 1:
-        raise ConfigError(f"partition {kind} needs a count >= 1, got {number}")
+    if kind == "dirichlet" and not 0 < number <= MAX_DIRICHLET_ALPHA:
+        raise ConfigError(f"dirichlet alpha must be a finite number in (0, "
+                          f"{MAX_DIRICHLET_ALPHA:g}] (larger is IID to the float: use iid), "
+                          f"got {value!r} in {part!r}")
+    if kind != "dirichlet" and not 1 <= number <= MAX_COUNT:
+        raise ConfigError(f"partition {kind} needs a count from 1 to {MAX_COUNT:,}, got "
+                          f"{value!r} in {part!r}")
     return kind, number, shares, strength
 
 

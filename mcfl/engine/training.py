@@ -119,6 +119,47 @@ class LocalTraining(flax.struct.PyTreeNode):
             self.weight_decay == 0
 
 
+class TrainingSpec(NamedTuple):
+    """The clients' local training as a run's settings resolve it, before a model exists
+    (`LocalTraining` adds the model's functions): the learning rate, the batch size, E epochs
+    or a fixed step count, the optimizer with its momentum (None unless ``momentum``), weight
+    decay with what it decays (None without decay), and whether the factored dense paths are
+    asked for (``low_rank`` auto / on / off). Anything with ``local_epochs``, ``local_steps``
+    and ``batch_size`` counts steps as `LocalTraining` does (`client_num_steps`)."""
+
+    lr: float = 0.01
+    batch_size: int = 10
+    local_epochs: int = 1
+    local_steps: Optional[int] = None
+    optimizer: str = "sgd"
+    momentum: Optional[float] = None
+    weight_decay: float = 0.0
+    weight_decay_on: Optional[str] = None
+    low_rank: str = "auto"
+
+    def local_training(self, model, lr=None, momentum=None) -> LocalTraining:
+        """What a client of `model` (a `mcfl.models.ModelSpec`) does in a round; `lr` and
+        `momentum` replace this spec's (a sweep member's traced values)."""
+        return LocalTraining(
+            apply_fn=model.apply,
+            batch_size=self.batch_size,
+            lr=self.lr if lr is None else lr,
+            local_epochs=self.local_epochs,
+            local_steps=self.local_steps,
+            optimizer=self.optimizer,
+            # (a traced leaf of every run's training, read only by the momentum optimizer)
+            momentum=(0.9 if self.momentum is None else self.momentum) if momentum is None
+            else momentum,
+            weight_decay=self.weight_decay,
+            weight_decay_on=self.weight_decay_on or "all",
+            dense_layers=model.dense_layers,
+            low_rank=self.low_rank,
+            factored=model.factored,
+            train_apply=model.train_apply,
+            collections=model.collections,
+        )
+
+
 class ClientStats(NamedTuple):
     """Per-client by-products of local training, each [S]."""
 
@@ -147,7 +188,7 @@ def client_num_steps(counts: jax.Array, training: LocalTraining) -> jax.Array:
 
 def steps_key(schedule) -> str:
     """The name of the loop over a client's local steps under `schedule` (anything with
-    ``local_epochs``, ``local_steps`` and ``batch_size``: a `LocalTraining`, a `RunConfig`).
+    ``local_epochs``, ``local_steps`` and ``batch_size``: a `LocalTraining`, a `TrainingSpec`).
     `mcfl.planning.cost` counts such a loop `mean_steps` times: a pre-training epoch and a round
     of E epochs are loops of different lengths."""
     if schedule.local_steps is not None:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple, Optional
 import jax
 import numpy as np
 
-from mcfl.errors import McflError
+from mcfl.errors import ConfigError, McflError
 from mcfl.files import faults
 from mcfl.files.atomic import WriteError
 from mcfl.runtime.memory import resident_bytes
@@ -48,7 +48,7 @@ class Saved(NamedTuple):
 
     round: int  # the last round finished
     state: Any
-    config: dict[str, Any]  # RunConfig.to_dict() of the run
+    config: dict[str, Any]  # the run's config by flat key (its to_dict())
     progress: dict[str, Any]  # rows, round_seconds and assignment rounds recorded so far
     assignments: Optional[np.ndarray]  # [E, C] clusters after each evaluated round
 
@@ -64,9 +64,11 @@ def _manager(folder: Path):
 
 
 def check_every(every) -> None:
+    """A checkpoint cadence (`--checkpoint-every`, `checkpoint_every=`): None or whole rounds."""
     if every is not None and (isinstance(every, bool) or not isinstance(every, int)
                               or every < 1):
-        raise McflError(f"checkpoint_every must be an integer >= 1 (rounds), got {every!r}")
+        raise ConfigError(f"--checkpoint-every must be a whole number of rounds >= 1, got "
+                          f"{every!r}")
 
 
 def exists(run_dir: Path) -> bool:
@@ -94,17 +96,18 @@ class Checkpoints:
             return round_ // self._every > self._last_round // self._every
         return time.monotonic() - self._last_time >= self._seconds
 
-    def save(self, round_: int, state, rounds_key: jax.Array, config: dict[str, Any],
+    def save(self, round_: int, state, rounds_key: jax.Array, settings: dict[str, Any],
              progress: dict[str, Any], assignments: list[np.ndarray]) -> None:
         """Write the checkpoint of round `round_` (the previous one is deleted only once this
         one is whole). A write that fails (a full disk, a lost permission) raises `WriteError`
-        naming the folder and the cause, and leaves the previous checkpoint as it was."""
+        naming the folder and the cause, and leaves the previous checkpoint as it was.
+        `settings`: the run's config by flat key (``RunConfig.to_dict()``)."""
         import orbax.checkpoint as ocp
 
         arrays = {"state": state, "rounds_key": np.asarray(jax.random.key_data(rounds_key))}
         if assignments:
             arrays["assignments"] = np.stack(assignments)
-        meta = {"round": round_, "config": config, "progress": progress}
+        meta = {"round": round_, "config": settings, "progress": progress}
         faults.point("checkpoint")
         _check_writable(self.folder)
         _check_space(self.folder, arrays, meta)

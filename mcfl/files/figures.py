@@ -104,7 +104,3 @@ def plot_runs(path: Path, runs: dict[str, list[dict[str, Any]]], title: str = ""
     if title:
         fig.suptitle(title)
     save_figure(fig, path)
-
-
-def title_of(config) -> str:
-    return f"{config.algorithm} on {config.dataset}, {config.clients} clients, {config.model}"

@@ -24,12 +24,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from mcfl.errors import DataError, McflError
 from mcfl.files import atomic, faults, kinds
 from mcfl.files.atomic import WriteError
-from mcfl.files.figures import plot_curves, title_of
 
 
 def json_safe(value):
@@ -180,12 +177,15 @@ def recover_replacement(out_dir: Path) -> None:
         shutil.rmtree(staging_folder(out_dir), ignore_errors=True)
 
 
-def write_settings(out_dir: Path, config: dict[str, Any], checkpoint_every: Optional[int]
-                   ) -> None:
-    """run.json: what a resumed run needs besides its checkpoint (the config, the checkpoint
-    interval), written when the run starts, so that every stop can be resumed."""
+def write_settings(out_dir: Path, settings: dict[str, Any], checkpoint_every: Optional[int],
+                   plan: Optional[dict[str, Any]] = None) -> None:
+    """run.json: what a resumed run needs besides its checkpoint (`settings`: the config by
+    flat key; the checkpoint interval), written when the run starts, so that every stop can
+    be resumed; and `plan`, what the config resolved to (every default filled in:
+    `mcfl.runs.plan.Plan.describe`)."""
     atomic.write_json(out_dir / SETTINGS_FILE,
-                      {"config": config, "checkpoint_every": checkpoint_every})
+                      {"config": settings, "checkpoint_every": checkpoint_every,
+                       **({} if plan is None else {"plan": plan})})
 
 
 def read_settings(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -282,63 +282,6 @@ def write_rounds(out_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_clients(out_dir: Path, rows: list[dict[str, Any]]) -> None:
     atomic.write_csv(out_dir / "clients.csv", rows, list(rows[0]) if rows else [])
-
-
-def write_final(out_dir: Path, result) -> None:
-    """The files of a completed run besides rounds.csv: clients.csv, assignments.npz
-    (clustered runs), clients_pca.npz, curves.png, and last summary.json, so that a summary
-    saying "completed" means every other file is there."""
-    write_clients(out_dir, result.clients)
-    if result.assignments is not None:
-        atomic.write_npz(out_dir / "assignments.npz", rounds=result.assignment_rounds,
-                         assignments=result.assignments)
-    if result.client_embedding is not None:
-        atomic.write_npz(out_dir / "clients_pca.npz",
-                         algorithm=np.array(result.config.algorithm), **result.client_embedding)
-    plot_curves(out_dir / "curves.png", result.rounds, title=title_of(result.config))
-    write_summary(out_dir, result.summary)
-
-
-def write_result(out_dir: Path, result) -> Path:
-    """A whole run folder from a finished `RunResult`."""
-    write_rounds(out_dir, result.rounds)
-    write_final(out_dir, result)
-    return out_dir
-
-
-class RunFolder:
-    """The run-folder observer of `mcfl.run`: rounds.csv grows one row per round, and
-    summary.json is written at the end, or when the run stops early with its status (if the
-    folder can still be written: a stop for a full disk keeps what was written before)."""
-
-    def __init__(self, out_dir: Path):
-        self.out_dir = Path(out_dir)
-        self._writer: Optional[RoundWriter] = None
-
-    def started(self, config, later_columns) -> None:
-        self._writer = RoundWriter(self.out_dir, later_columns)
-
-    def round(self, row) -> None:
-        self._writer.append(row)
-
-    def moved(self, out_dir: Path) -> None:
-        self.out_dir = Path(out_dir)
-        if self._writer is not None:
-            self._writer.moved(self.out_dir)
-
-    def stopped(self, summary) -> None:
-        self._close()
-        with contextlib.suppress(WriteError):  # the stop's own cause is the error to report
-            write_summary(self.out_dir, summary)
-
-    def finished(self, result) -> None:
-        self._close()
-        write_final(self.out_dir, result)
-
-    def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
 
 def load_run(folder: Path) -> tuple[dict[str, Any], list[dict[str, float]]]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
@@ -14,7 +15,7 @@ from mcfl.models import registry
 from mcfl.models.paper import CONV_IMPLEMENTATIONS, resolve_conv
 from mcfl.models.precision import with_precision
 from mcfl.models.spec import ModelSpec, check_modes, from_module
-from mcfl.models.structure import with_fast_paths
+from mcfl.models.structure import uses_conv, with_fast_paths
 
 # The run settings a factory receives when its signature names them (the papers' models take
 # `hidden` and `conv`; a user's factory may too).
@@ -160,3 +161,75 @@ def model_of(config_model: str, model: Any = None) -> Any:
                           f"mcfl.run(config, model=...) (or name a registered model or an "
                           f"import path module:Factory)")
     return config_model
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+    """The model a run trains, as its settings resolve it before the data's shapes are known:
+    what to build (`model`: a registered name, an import path, or a user's Python object,
+    recorded as `label`), the factory's `args`, MLP widths `hidden` (None when the factory
+    takes none), the convolution `conv`, the fast paths, the precision and where batch-norm
+    statistics live (`norm_state`: "global" or "local", FedBN). `build` makes the
+    `ModelSpec`; equal choices build equal models (a Python object compares by its label)."""
+
+    model: Any = dataclasses.field(compare=False)
+    label: str
+    args: Any = dataclasses.field(default_factory=dict)
+    hidden: Optional[tuple[int, ...]] = None
+    conv: str = "auto"
+    fast_paths: str = "auto"
+    precision: str = "float32"
+    norm_state: str = "global"
+
+    def build(self, feature_shape: tuple[int, ...], num_classes: int,
+              backend: Optional[str] = None) -> ModelSpec:
+        """The `ModelSpec` for the data's shapes (`make_model`); `conv` set to other than
+        auto on a model without convolutions that its factory would compute is refused."""
+        built = make_model(self.model, feature_shape, num_classes,
+                           (200, 200) if self.hidden is None else self.hidden, self.conv,
+                           model_args=self.args, fast_paths=self.fast_paths,
+                           precision=self.precision, backend=backend)
+        if self.conv != "auto" and not takes_setting(self.model, "conv"):
+            convolutions = uses_conv(built)
+            if self.fast_paths == "auto" and convolutions:
+                return built
+            why = ("its fast paths are off (--fast-paths off)" if convolutions
+                   else "it has no convolutions")
+            raise ConfigError(f"--conv {self.conv} says how a model's convolutions are "
+                              f"computed; model {self.label!r} takes no conv and {why}")
+        return built
+
+    def describe(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("model")
+        out["args"] = dict(self.args)
+        out["hidden"] = None if self.hidden is None else list(self.hidden)
+        return out
+
+
+def takes_setting(model: Any, name: str) -> bool:
+    """Whether `model`'s factory (a registered name or an import path of a factory) receives
+    the run setting `name` (`SETTING_ARGS`: hidden, conv), by its signature; a module class,
+    a flax module or a `ModelSpec` receives none."""
+    if isinstance(model, str):
+        if model.startswith(PYTHON_PREFIX):
+            return False
+        model = registry.resolve(model)
+    if isinstance(model, (nn.Module, ModelSpec)) or (
+            isinstance(model, type) and issubclass(model, nn.Module)) or not callable(model):
+        return False
+    return name in _accepted(model, {name: None})
+
+
+def choose_model(model: Any, label: str, args, hidden: tuple[int, ...], conv: str,
+                 fast_paths: str, precision: str, norm_state: str,
+                 default_hidden: tuple[int, ...] = (200, 200)) -> ModelChoice:
+    """The `ModelChoice` of these settings (the flags of the same names, `model` the object
+    or name to build); MLP widths other than the default for a model whose factory takes no
+    `hidden` are refused in one line."""
+    takes_hidden = takes_setting(model, "hidden")
+    if not takes_hidden and tuple(hidden) != tuple(default_hidden):
+        raise ConfigError(f"--hidden {','.join(map(str, hidden))} gives an MLP's hidden widths; "
+                          f"model {label!r} takes no hidden widths")
+    return ModelChoice(model, label, args, tuple(hidden) if takes_hidden else None, conv,
+                       fast_paths, precision, norm_state)

@@ -229,6 +229,11 @@ def _uses(spec: ModelSpec, layer: type) -> bool:
     return bool(seen)
 
 
+def uses_conv(spec: ModelSpec) -> bool:
+    """Whether the model calls ``flax.linen.Conv`` (what ``--conv`` computes as matmuls)."""
+    return _uses(spec, nn.Conv)
+
+
 def _intercepted(fn, interceptors: tuple):
     def wrapped(*args):
         with contextlib.ExitStack() as stack:

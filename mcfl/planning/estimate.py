@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from mcfl.config import RunConfig
-from mcfl.data import FederatedDataset, load_dataset, with_all_users
+from mcfl.data import FederatedDataset
 from mcfl.engine.client_data import CLIENT_ROWS_CHUNK
 from mcfl.engine.evaluate import DEFAULT_EVAL_BATCH
 from mcfl.engine.training import mean_steps
@@ -37,9 +37,10 @@ from mcfl.planning.cost import Cost, program_cost, traced_cost, xla_cost
 from mcfl.planning.targets import Target
 from mcfl.planning.tpu_compile import CompiledRun
 from mcfl.runs.execution import plan_run, run_keys
+from mcfl.runs.plan import resolve
 from mcfl.runs.program import footprint, round_program
+from mcfl.runs.runner import prepared_data
 from mcfl.runs.stored_program import run_program
-from mcfl.runtime import memory
 
 
 class ProgramEstimate(NamedTuple):
@@ -71,6 +72,8 @@ class RunEstimate(NamedTuple):
     # the run's programs compiled by the TPU compiler, one per TPU target asked for
     # (`mcfl.planning.tpu_compile`)
     compiled: tuple[CompiledRun, ...] = ()
+    # what the config resolved to (`mcfl.runs.plan.Plan.describe`: every default filled in)
+    resolved: Optional[dict] = None
 
     def program(self, name: str) -> ProgramEstimate:
         return next(p for p in self.programs if p.name == name)
@@ -111,22 +114,17 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
     also compiled by the TPU compiler (the ``tpu-aot`` extra).
     Data that cannot fit here are refused, from the config, before they are built (as
     `mcfl.run` refuses them)."""
-    if dataset is None:
-        memory.check_data_fits(config)
-        config, dataset = with_all_users(config, cache_dir)
-        if dataset is None:
-            dataset = load_dataset(config, cache_dir)
-    elif config.clients is None:
-        config = config.replace(clients=dataset.num_clients)
-    plan = plan_run(config, dataset)
+    resolved, dataset = prepared_data(resolve(config), dataset, cache_dir)
+    config = resolved.config
+    plan = plan_run(resolved, dataset)
     data = dataset.arrays
-    init_key, rounds_key = run_keys(config.seed)
+    init_key, rounds_key = run_keys(resolved.seed)
     # The store the run would use; the work is counted on the device program, whose rounds
     # do what a host or disk store's do with the client rows on the device (`bound_on` takes
     # the stored rows off a target's memory need when they would live elsewhere).
-    stored, store = run_program(config, plan, data, None)
+    stored, store = run_program(resolved, plan, data, None)
     stored.close()
-    program = round_program(config, plan, data)
+    program = round_program(resolved, plan, data)
     try:
         values = {}
         state = jax.eval_shape(program._init, values, init_key, data)
@@ -141,7 +139,8 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         eval_cost = traced_cost(program._evaluate, values, state, data, trips=trips)
         compiled = {name: executable for name, (_, executable) in program._compiled.items()}
         # a scanned run's chunk counts `count` rounds: a round is its share
-        count = max(rounds, key=lambda c: sum(1 for _, n in program.chunks if n == c))
+        lengths = program.chunks.lengths()
+        count = max(rounds, key=lambda c: lengths.get(c, 0))
         per_round = program_cost(rounds[count], trips).times(1 / count)
         occasional_round = None
         if per_round.occasional:
@@ -154,12 +153,13 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
 
         programs = (
             ProgramEstimate("init", 1, init_cost, *analyses("init")),
-            ProgramEstimate("round", config.rounds, per_round, *analyses(count)),
-            ProgramEstimate("evaluate", len(program.chunks), eval_cost, *analyses("evaluate")),
+            ProgramEstimate("round", plan.rounds, per_round, *analyses(count)),
+            ProgramEstimate("evaluate", program.chunks.evaluations, eval_cost,
+                            *analyses("evaluate")),
         )
     finally:
         program.close()
-    compiled = tuple(tpu_compile.compile_run(config, dataset, target, trips)
+    compiled = tuple(tpu_compile.compile_run(resolved, dataset, target, trips)
                      for target in tpu_targets)
     return RunEstimate(
         config=config, dataset=dataset.name, params=plan.params_count,
@@ -170,7 +170,7 @@ def estimate_run(config: RunConfig, dataset: Optional[FederatedDataset] = None,
         occasional_round=occasional_round,
         privacy=None if plan.privacy is None else plan.privacy.summary(
             plan.privacy.epsilons()[-1]),
-        compiled=compiled)
+        compiled=compiled, resolved=resolved.describe())
 
 
 def client_loop_trips(dataset: FederatedDataset) -> Callable[[str], Optional[float]]:

@@ -369,23 +369,24 @@ def round_name(name: Any) -> str:
     return str(name)
 
 
-def compile_run(config, dataset, target: str, trips: Optional[Trips] = None) -> CompiledRun:
-    """`config`'s programs on `dataset` (a `FederatedDataset`), built for the TPU and compiled
-    for `target`'s slice (module docstring): the initialisation, the rounds of every chunk
-    length and the evaluation, or a host store's programs where ``auto`` would keep the
-    clients' rows off that TPU, each with its calls in the whole run. `trips`: the clients'
+def compile_run(plan, dataset, target: str, trips: Optional[Trips] = None) -> CompiledRun:
+    """The programs of `plan` (a `mcfl.runs.plan.Plan`) on `dataset` (a `FederatedDataset`),
+    built for the TPU and compiled for `target`'s slice (module docstring): the
+    initialisation, the rounds of every chunk length and the evaluation, or a host store's
+    programs where ``auto`` would keep the clients' rows off that TPU, each with its calls in
+    the whole run. `trips`: the clients'
     loops' mean iterations (`mcfl.planning.estimate.client_loop_trips`). A program refused
     for memory ends it (`CompiledRun.refused`); any other refusal raises `TpuCompileError`."""
     start = time.perf_counter()
     where = placement(target)
     hbm = hbm_available(target)
-    plan = plan_run(config, dataset, backend=PLATFORM)
+    run_plan = plan_run(plan, dataset, backend=PLATFORM)
     data = dataset.arrays
     # The data stay on the device for the whole run, used by a program or not: kept as its
     # arguments, so that its memory analysis counts them.
-    program, store = run_program(config, plan, data, None, jit_options={"keep_unused": True},
-                                 accelerator_free=hbm)
-    init_key, rounds_key = run_keys(config.seed)
+    program, store = run_program(plan, run_plan, data, None,
+                                 jit_options={"keep_unused": True}, accelerator_free=hbm)
+    init_key, rounds_key = run_keys(plan.seed)
     values: dict = {}
     compiled: list[CompiledProgram] = []
     refused = None
@@ -415,11 +416,11 @@ def compile_run(config, dataset, target: str, trips: Optional[Trips] = None) -> 
 
 def _calls(program, name) -> tuple[str, float, int]:
     """(kind, calls in the run, rounds a call runs) of one of `program`'s round programs."""
-    evaluations = len(program.chunks)
+    evaluations = program.chunks.evaluations
     if isinstance(name, int):  # a device program's chunk of `name` rounds
-        return "round", float(sum(1 for _, count in program.chunks if count == name)), name
+        return "round", float(program.chunks.lengths().get(name, 0)), name
     if name in ("sample", "round"):  # a host store's: one round a call
-        return "round", float(program.config.rounds), 1 if name == "round" else 0
+        return "round", float(program.run_plan.rounds), 1 if name == "round" else 0
     if name == "evaluate" and program.rows_kept:  # a host store's: a chunk of clients a call
         chunks = -(-int(program.num_clients) // program._eval_chunk())
         return "evaluate", float(evaluations * chunks), 0

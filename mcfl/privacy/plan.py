@@ -1,8 +1,8 @@
 """A run's privacy, settled before it starts: the mechanism (C, z, the denominator), delta, the
 accountant, the epsilon after every round, and the rounds a budget allows.
 
-`privacy_plan(config, population, expected)` reads the config's ``dp_*`` settings
-(`mcfl.config.PrivacySettings`) once the dataset's client count N is known: delta defaults to
+`privacy_plan(spec, population, expected)` turns the resolved ``dp_*`` settings
+(`PrivacySpec`) into the plan once the dataset's client count N is known: delta defaults to
 1 / N^1.1, z is solved from ``dp_epsilon`` when that is given, and each round is accounted as
 one sampled Gaussian mechanism whose noise multiplier composes everything the round releases
 (`mechanism.Mechanism.released_noise`). The epsilon after round r depends on r alone (not on
@@ -89,48 +89,69 @@ class PrivacyPlan:
                 "dp_epsilon_budget": self.budget, "dp_rounds_within_budget": self.rounds}
 
 
-def sampling_of(config) -> str:
-    """The accountant's sampling event for the config's client sampling."""
-    return "poisson" if config.client_sampling == "poisson" else "fixed"
+@dataclasses.dataclass(frozen=True)
+class PrivacySpec:
+    """Client-level DP as a run's settings resolve it, before its population is known: the
+    clipping norm `clip`; the noise multiplier `noise` or the `epsilon` it is solved for (one
+    of them); `delta` (None: 1 / N^1.1 once N is known); the `budget` that stops the run
+    early; adaptive clipping's quantile; per-layer clipping; the accountant; canary clients;
+    and what the run fixes around it: the sampling the accountant assumes ("poisson" |
+    "fixed"), the algorithm's coverage (`support.Covered`), whether its rounds release
+    per-cluster counts (K > 1), the rounds, the canaries' seed and the noise of a private
+    initialisation (DP-FeSEM's k-means; None without one)."""
+
+    clip: float
+    noise: Optional[float]
+    epsilon: Optional[float]
+    delta: Optional[float]
+    budget: Optional[float]
+    adaptive_quantile: Optional[float]
+    clip_per_layer: bool
+    accountant: str
+    canaries: int
+    sampling: str
+    covered: support.Covered
+    clustered: bool
+    rounds: int
+    canary_seed: int
+    before_noise: Optional[float] = None
+
+    def describe(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["covered"] = self.covered._asdict()
+        return out
 
 
-def privacy_plan(config, population: int, expected: int) -> Optional[PrivacyPlan]:
-    """The plan of `config` on `population` clients, `expected` a round (None without DP)."""
-    if config.dp_clip is None:
+def privacy_plan(spec: Optional[PrivacySpec], population: int,
+                 expected: int) -> Optional[PrivacyPlan]:
+    """The plan of `spec` on `population` clients, `expected` a round (None without DP)."""
+    if spec is None:
         return None
-    covered = support.covered(config.algorithm)
-    delta = config.dp_delta if config.dp_delta is not None else \
-        accounting.default_delta(population)
+    delta = spec.delta if spec.delta is not None else accounting.default_delta(population)
     accounting.check_delta(delta)
-    sampling = sampling_of(config)
-    clustered = covered.noised_counts and config.clusters > 1
-    mechanism = Mechanism(config.dp_clip, 0.0 if config.dp_noise is None else config.dp_noise,
-                          float(expected), covered.sums, clustered, config.dp_clip_per_layer,
-                          config.dp_adaptive_quantile, config.dp_canaries,
-                          CANARY_SEED_OFFSET + config.seed, expected / population)
-    # an algorithm whose initialisation reads the clients privately says at what noise
-    # (its hyperparameters' `private_initialisation`: DP-FeSEM's k-means)
-    initialisation = getattr(config.params, "private_initialisation", None)
-    before = None if initialisation is None else initialisation()
-    if config.dp_epsilon is not None:
-        released = accounting.solve_noise(config.dp_epsilon, config.rounds, delta, sampling,
-                                          population, expected, config.dp_accountant,
+    sampling = spec.sampling
+    mechanism = Mechanism(spec.clip, 0.0 if spec.noise is None else spec.noise,
+                          float(expected), spec.covered.sums, spec.clustered,
+                          spec.clip_per_layer, spec.adaptive_quantile, spec.canaries,
+                          spec.canary_seed, expected / population)
+    before = spec.before_noise
+    if spec.epsilon is not None:
+        released = accounting.solve_noise(spec.epsilon, spec.rounds, delta, sampling,
+                                          population, expected, spec.accountant,
                                           _event(sampling, population, before))
         mechanism = dataclasses.replace(mechanism, noise=mechanism.noise_for(released))
-    plan = PrivacyPlan(mechanism, sampling, population, expected, delta, config.dp_accountant,
-                       config.rounds, config.dp_epsilon_budget, before)
-    if config.dp_epsilon_budget is not None:
-        within = accounting.rounds_within(plan.round_mechanism(), config.dp_epsilon_budget,
-                                          delta, config.rounds, config.dp_accountant,
-                                          plan.before())
+    plan = PrivacyPlan(mechanism, sampling, population, expected, delta, spec.accountant,
+                       spec.rounds, spec.budget, before)
+    if spec.budget is not None:
+        within = accounting.rounds_within(plan.round_mechanism(), spec.budget, delta,
+                                          spec.rounds, spec.accountant, plan.before())
         if within == 0:
             first = float(plan.epsilons(1)[0])
-            raise ConfigError(f"--dp-epsilon-budget {config.dp_epsilon_budget:g} is spent by "
-                              f"the first round alone (epsilon {first:.4g}); allowed: a budget "
-                              f"above {first:.4g}, or more noise")
+            raise ConfigError(f"--dp-epsilon-budget {spec.budget:g} is spent by the first "
+                              f"round alone (epsilon {first:.4g}); allowed: a budget above "
+                              f"{first:.4g}, or more noise")
         plan = dataclasses.replace(plan, rounds=within)
     return plan
-
 
 
 def _event(sampling: str, population: int, noise: Optional[float]):

@@ -95,14 +95,20 @@ REFUSED: dict[str, str] = {
 CANARY_ALGORITHMS = ("fedavg", "fedprox", "feddist", "feddws")
 
 
-def covered(algorithm: str) -> Covered:
-    """How `algorithm`'s round is made private, or a `ConfigError` saying why it cannot be."""
+def covered(algorithm: str, what: str = "--dp-*") -> Covered:
+    """How `algorithm`'s round is made private, or a `ConfigError` saying why it cannot be;
+    `what` names the setting that asked (Poisson sampling needs a round that honours the
+    reporting mask, as DP's do: ``--client-sampling poisson``)."""
     if algorithm in COVERED:
         return COVERED[algorithm]
     reason = REFUSED.get(algorithm, "it is not one mcfl's DP covers")
     private = ", ".join(COVERED)
-    raise ConfigError(f"--dp-* is not available with --algorithm {algorithm}: {reason}; "
-                      f"algorithms with client-level DP: {private}")
+    if what == "--dp-*":
+        raise ConfigError(f"{what} is not available with --algorithm {algorithm}: {reason}; "
+                          f"algorithms with client-level DP: {private}")
+    raise ConfigError(f"{what} runs with the algorithms whose rounds client-level DP covers "
+                      f"(their rounds honour a round's reporting mask), not --algorithm "
+                      f"{algorithm} ({reason}); those algorithms: {private}")
 
 
 def check_adaptive(algorithm: str) -> None:

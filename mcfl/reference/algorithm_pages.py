@@ -17,14 +17,9 @@ import textwrap
 
 from mcfl import settings
 from mcfl.algorithms import registry
-from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec
+from mcfl.algorithms.registry import AlgorithmSpec
 from mcfl.config import from_dict
-from mcfl.models import make_model
 from mcfl.privacy import support
-
-# The model an algorithm is built with to see what it keeps per client: the smallest one
-# (building traces nothing, so its size does not matter).
-_PROBE_MODEL_ARGS = ("mclr", (4,), 3)
 
 
 def page_path(name: str) -> str:
@@ -33,16 +28,9 @@ def page_path(name: str) -> str:
 
 
 def kept_per_client(spec: AlgorithmSpec) -> str:
-    """What `spec`'s algorithm keeps per client: "rows" (a client store holds them),
-    "start" (every client's trained model at the start, streamed by a host or disk store) or
-    "nothing"."""
-    context = AlgorithmContext(model=make_model(*_PROBE_MODEL_ARGS), clients_per_round=2,
-                               num_clusters=2 if spec.clustered else 1)
-    algorithm = spec.build(context)
-    if algorithm.rows:
-        return "rows"
-    state = algorithm.client_state
-    return "start" if state is not None and state.start is not None else "nothing"
+    """What `spec`'s algorithm keeps per client: "rows", "start" or "nothing"
+    (`AlgorithmSpec.keeps`)."""
+    return spec.keeps
 
 
 _STORE_TEXT = {
@@ -101,7 +89,8 @@ def hyperparameter_table(spec: AlgorithmSpec) -> str:
         key = settings.key_of(field)
         traced = settings.is_traced(spec.params, field)
         sweep = "one program (traced)" if traced else "a program per value"
-        lines.append(f"| `--{key.replace('_', '-')}` / `{key}` | {_default(field.default)} | "
+        lines.append(f"| {settings.flag_text(key, isinstance(field.default, bool))} / `{key}` "
+                     f"| {_default(field.default)} | "
                      f"{settings.allowed(spec.params, field)} | {sweep} | "
                      f"{_cell(settings.doc_of(field))} |")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """A picture of each partition recipe, drawn from the recipe itself on scikit-learn's digits.
 
-Each picture is one `build_dataset` of the recipe (40 clients of the 1,797 digits, seed 0): a
+Each picture is one `mcfl.load_dataset` of the recipe (40 clients of the 1,797 digits, seed 0): a
 heat map of every client's label shares, with a strip beside it of the client's planted group
 where the recipe plants groups, and for recipes that change the images (rotations) the same
 digit as each group sees it. The docs site draws them when it is built, so a changed recipe
@@ -15,9 +15,9 @@ from typing import BinaryIO, NamedTuple, Union
 import numpy as np
 
 from mcfl.config import RunConfig
-from mcfl.data import build_dataset
 from mcfl.data.describe import label_counts
 from mcfl.data.partition import rotate_images
+from mcfl.runs.runner import load_dataset
 
 
 class Recipe(NamedTuple):
@@ -55,8 +55,8 @@ def draw(recipe: Recipe, out: Union[Path, BinaryIO]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dataset = build_dataset(RunConfig(dataset="digits", partition=recipe.partition,
-                                      clients=NUM_CLIENTS, seed=0))
+    dataset = load_dataset(RunConfig(dataset="digits", partition=recipe.partition,
+                                     clients=NUM_CLIENTS, seed=0))
     counts = label_counts(dataset).astype(np.float64)
     shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
     groups = dataset.true_cluster

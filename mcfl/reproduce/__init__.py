@@ -22,14 +22,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from mcfl.config import RunConfig, from_dict
-from mcfl.data import DATA_FIELDS, cifar, load_dataset
+from mcfl.config import CLUSTERED_ONLY, KEPT_STATE_ONLY, RunConfig, from_dict
+from mcfl.data import DATA_FIELDS, cifar
 from mcfl.errors import ConfigError, DataError, McflError, choice_error
 from mcfl.files import faults, kinds
 from mcfl.files.run_folder import RunTarget, check_target, recover_replacement
 from mcfl.reproduce.report import Report, ordering_line, table_row
 from mcfl.reproduce.tables import TABLES, Cell, Table, experiment, get, names
+from mcfl.runs.runner import load_dataset
 from mcfl.sweeps import sweep
+from mcfl.sweeps.spec import check_settings_taken, settings_not_taken
 
 __all__ = ["TABLES", "Table", "base_config", "cell_configs", "get", "names", "ordering_line",
            "run_table"]
@@ -56,13 +58,19 @@ def cell_configs(table: Table, base: RunConfig, quick: bool = False,
             changes["data_dir"] = str(Path(data_dir).expanduser() / changes["data_dir"])
         try:
             if cell.setting in (None, table.setting_of(quick)):
-                out.append((cell, base.replace(**changes)))
+                config = base.replace(**changes)
             else:
-                out.append((cell, from_dict({**experiment(cell.setting),
-                                             **table.form(quick).changes, **(overrides or {}),
-                                             **changes})))
+                config = from_dict({**experiment(cell.setting), **table.form(quick).changes,
+                                    **(overrides or {}), **changes})
+            # the base's K and the like go to the cells that take them, as a sweep's grid
+            # gives them; a cell's own changes are its own (and refused if not taken)
+            dropped = {key: default for key, default in
+                       settings_not_taken(config, config.algorithm).items() if key not in changes}
+            out.append((cell, config.replace(**dropped)))
         except ConfigError as e:
             raise ConfigError(f"cell {cell.label!r}: {e}") from None
+    given = [key for key in CLUSTERED_ONLY + KEPT_STATE_ONLY if key in (overrides or {})]
+    check_settings_taken(base, (config.algorithm for _, config in out), "the table's cells", given)
     return out
 
 

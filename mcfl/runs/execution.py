@@ -1,4 +1,5 @@
-"""The execution plan of a run: what a config and its dataset fix before anything is compiled.
+"""The execution plan of a run: what its plan (`mcfl.runs.plan`) and its dataset fix before
+anything is compiled.
 
 The plan holds the model and its size, the clients a round, whether rounds train on the
 factored path, and how many clients a block of the engine holds (in training and in
@@ -9,6 +10,7 @@ gives a run's PRNG keys and the device mesh its clients are sharded over.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -16,24 +18,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl import engine
-from mcfl.algorithms import local_training
-from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.data.registry import is_user_dataset
-from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.errors import ConfigError, DataError, first_line
-from mcfl.models import count_params, make_model
-from mcfl.models.build import is_users, model_of
+from mcfl.models import count_params
+from mcfl.models.build import is_users
 from mcfl.privacy.plan import privacy_plan
 from mcfl.privacy.sampling import poisson_capacity
+from mcfl.runs.plan import Plan, check_population
 from mcfl.runtime import distributed
 from mcfl.runtime.memory import out_of_memory
-from mcfl.system.devices import system_model
+from mcfl.system.devices import model_megabytes
 
 
 class RunPlan(NamedTuple):
-    """What a config and its dataset fix before training (shared by `mcfl.run` and the
-    members of a sweep)."""
+    """What a plan and its dataset fix before training (shared by `mcfl.run` and the members
+    of a sweep)."""
 
     model: Any  # mcfl.models.ModelSpec
     params_count: int
@@ -45,6 +45,8 @@ class RunPlan(NamedTuple):
     privacy: Any = None
     # the rounds between evaluations run as one lax.scan (`scans_rounds`)
     scan_rounds: bool = False
+    # the rounds the run trains: the plan's, or fewer when a privacy budget stops it
+    rounds: int = 1
 
     @property
     def train_block(self) -> int:
@@ -53,17 +55,16 @@ class RunPlan(NamedTuple):
         return min(self.block_size, self.clients_per_round)
 
 
-def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None,
-             backend: Optional[str] = None) -> RunPlan:
-    """The plan of `config` on `dataset` (a dataset without test rows is refused: runs are
-    scored on them), training `model` (a flax module, factory or `ModelSpec`) when given, else
-    the config's. `backend`: the platform the run is planned for (default: this machine's),
-    which decides the block sizes and the model's fast paths."""
+def plan_run(plan: Plan, dataset: FederatedDataset, backend: Optional[str] = None) -> RunPlan:
+    """The execution plan of `plan` (`mcfl.runs.plan`) on `dataset` (a dataset without test
+    rows is refused: runs are scored on them): the model built for the data's shapes, the
+    block sizes, the privacy plan. `backend`: the platform the run is planned for (default:
+    this machine's), which decides the block sizes and the model's fast paths."""
     if int(dataset.test_counts().sum()) == 0:
-        if config.dataset == "leaf":
+        if plan.data.dataset == "leaf":
             where = ("its test/*.json files list none of them, or give --test-fraction to "
                      "split their rows")
-        elif is_user_dataset(config.dataset):  # (its split is its factory's)
+        elif is_user_dataset(plan.data.dataset):  # (its split is its factory's)
             where = ("have its factory give them test rows (mcfl.data.from_clients(train=..., "
                      "test=...), or clients=[...] to split each client's rows)")
         else:
@@ -72,40 +73,43 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None,
         raise DataError(f"the dataset {dataset.name!r} has no test rows for its "
                         f"{dataset.num_clients} client(s); runs are scored on test rows: "
                         f"{where}")
-    given = model_of(config.model, model)
-    model = make_model(given, dataset.feature_shape, dataset.num_classes, config.hidden,
-                       config.conv, model_args=config.model_args, fast_paths=config.fast_paths,
-                       precision=config.precision, backend=backend)
-    if is_users(given):
-        check_first_batch(model, dataset, config)
+    model = plan.model.build(dataset.feature_shape, dataset.num_classes, backend)
+    if is_users(plan.model.model):
+        check_first_batch(model, dataset, plan)
     init_key = jax.random.key(0)  # shapes only
     params_count = count_params(jax.eval_shape(model.init, init_key))
-    per_round = resolve_clients_per_round(config.clients_per_round, dataset.num_clients)
-    privacy = privacy_plan(config, dataset.num_clients, per_round)
-    if config.client_sampling == "poisson":  # the round's fixed slots (mcfl.privacy.sampling)
+    held_out = 0 if dataset.unseen is None else dataset.unseen.num_clients
+    per_round = check_population(plan, dataset.num_clients, held_out)
+    privacy = privacy_plan(plan.privacy, dataset.num_clients, per_round)
+    participation = plan.participation
+    if participation.sampling == "poisson":  # the round's fixed slots (mcfl.privacy.sampling)
         per_round = poisson_capacity(dataset.num_clients, per_round)
-    system = system_model(config)
+    system = participation.system
     if system is not None and system.samples_itself:  # over-selection's extra clients
         per_round = min(system.slots(per_round), dataset.num_clients)
     # Whether rounds will train on the factored path (a shift's view makes every round dense).
-    low_rank = config.shift == "none" and engine.low_rank_capacity(
-        local_training(config, model), dataset.arrays,
+    low_rank = plan.shift is None and engine.low_rank_capacity(
+        plan.local_training(model), dataset.arrays,
         jax.eval_shape(jax.vmap(model.init), init_key[None])
     ) is not None
     # Blocks of the dense-stack path share products and want many clients; a CNN's factored
     # layer is per client, sized like the per-client path.
     # Every client's local steps a round, as the engine counts them (`client_num_steps`): equal
     # steps waste no step in a block of them; their mean sizes a round's training.
-    steps = np.asarray(engine.client_num_steps(jnp.asarray(dataset.train_counts()), config))
+    steps = np.asarray(engine.client_num_steps(jnp.asarray(dataset.train_counts()),
+                                               plan.training))
+    if system is not None:
+        check_reachable(system, steps, model)
     uniform_steps = bool(steps.size == 0 or steps.min() == steps.max())
-    block_size = config.block_size or engine.default_block_size(
+    block_size = plan.execution.block_size or engine.default_block_size(
         params_count, per_round, low_rank=low_rank and model.dense_layers is not None,
         uniform_steps=uniform_steps, backend=backend)
-    eval_block = config.block_size or engine.default_block_size(params_count, dataset.num_clients,
-                                                                backend=backend)
+    eval_block = plan.execution.block_size or engine.default_block_size(
+        params_count, dataset.num_clients, backend=backend)
     mean_steps = float(steps.mean()) if steps.size else 0.0
+    rounds = plan.rounds if privacy is None else min(plan.rounds, privacy.rounds)
     return RunPlan(model, params_count, per_round, low_rank, block_size, eval_block, privacy,
-                   scans_rounds(config, mean_steps, params_count, per_round))
+                   scans_rounds(plan, mean_steps, params_count, per_round), rounds)
 
 
 # A round of fewer training FLOPs than this is short enough (about 10 ms on a CPU core, far
@@ -116,26 +120,55 @@ def plan_run(config: RunConfig, dataset: FederatedDataset, model: Any = None,
 SCAN_BELOW_FLOPS = 1e9
 
 
-def scans_rounds(config: RunConfig, mean_steps: float, params_count: int,
-                 per_round: int) -> bool:
+def scans_rounds(plan: Plan, mean_steps: float, params_count: int, per_round: int) -> bool:
     """Whether the rounds between evaluations run as one lax.scan: ``--scan-rounds on|off``,
     or with ``auto`` when a round's training is under `SCAN_BELOW_FLOPS` by the dense rule of
     thumb (6 FLOPs per parameter per example: forward and backward) over `mean_steps`, the
     clients' mean local steps a round. A client store on the host or on disk runs round by
     round whatever this says (`mcfl.runs.stored_program`)."""
-    if config.scan_rounds != "auto":
-        return config.scan_rounds == "on"
-    return 6.0 * params_count * config.batch_size * mean_steps * per_round < SCAN_BELOW_FLOPS
+    scan = plan.execution.scan_rounds
+    if scan != "auto":
+        return scan == "on"
+    return 6.0 * params_count * plan.training.batch_size * mean_steps * per_round \
+        < SCAN_BELOW_FLOPS
 
 
-def check_first_batch(model, dataset: FederatedDataset, config: RunConfig) -> None:
+def check_reachable(system, steps: np.ndarray, model) -> None:
+    """Refuse a run whose clients can never report: when every client's device is fixed
+    before the run (constant speed and bandwidth, not drawn), diurnal availability keeps each
+    online for on-fraction x period seconds at a time, and even the client with the fewest
+    local steps needs longer than that for a round, no round would ever hear from anyone.
+    (With drawn devices some client may be fast enough; the clock then moves on.)"""
+    availability = system.availability
+    if availability.kind != "diurnal" or availability.on_fraction >= 1 or system.trace:
+        return
+    fixed = all(d is None or d.name == "constant" for d in (system.speeds, system.bandwidth))
+    if not fixed or steps.size == 0:
+        return
+    speed = 1.0 if system.speeds is None else system.speeds.params[0]
+    bandwidth = math.inf if system.bandwidth is None else system.bandwidth.params[0]
+    megabytes = model_megabytes(jax.eval_shape(model.init, jax.random.key(0)))
+    fewest = int(steps.min())
+    seconds = 2 * (megabytes / bandwidth + system.latency) + fewest / speed
+    window = availability.on_fraction * availability.period
+    if seconds > window:
+        raise ConfigError(
+            f"no client can ever report: the quickest takes {seconds:.4g} simulated seconds "
+            f"for a round ({fewest} local steps at {speed:g} a second, and its messages), "
+            f"longer than the {window:.4g} s that --availability "
+            f"diurnal:{availability.period:g},{availability.on_fraction:g} keeps it online; "
+            f"give faster --device-speeds, a longer period or on-fraction, or fewer "
+            f"--local-steps")
+
+
+def check_first_batch(model, dataset: FederatedDataset, plan: Plan) -> None:
     """Refuse a user's model whose logits at the run's initial parameters are NaN or infinite on
     the first batch of training rows (in evaluation mode, and in training mode where it has
     one): it would diverge in round 1, and the fault is the model's (the rows are finite:
     every loader checks them). One small compiled forward; a `ConfigError` naming the model."""
-    rows = min(config.batch_size, int(dataset.arrays.x_train.shape[0]))
+    rows = min(plan.training.batch_size, int(dataset.arrays.x_train.shape[0]))
     x = dataset.arrays.x_train[:rows]
-    init_key, _ = run_keys(config.seed)
+    init_key, _ = run_keys(plan.seed)
 
     def finite(key, x):
         variables = model.init(key)

@@ -20,24 +20,79 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.runs.evaluation import aggregate, client_metrics, group_accuracies
 from mcfl.runs.records import MemberRecord, add_communication, cluster_metrics
 
 
-def round_chunks(rounds: int, eval_every: int, scanned: bool) -> list[tuple[int, int]]:
-    """(first round, number of rounds) of each host call: one round at a time, or, scanned,
-    the rounds up to each evaluation as one call (at most two lengths, so two compilations)."""
-    if not scanned:
-        return [(r, 1) for r in range(1, rounds + 1)]
-    chunks = []
-    first = 1
-    while first <= rounds:
-        end = min(-(-first // eval_every) * eval_every, rounds)
-        chunks.append((first, end - first + 1))
-        first = end + 1
-    return chunks
+class RoundChunks(Sequence):
+    """(first round, number of rounds) of each host call, as a sequence computed on demand: one
+    round at a time, or, scanned, every round up to the next evaluation (every `eval_every`
+    rounds and the last) or checkpoint round (every `checkpoint_every`) as one call. A million
+    rounds take no list of a million pairs: unscanned chunks are implicit, scanned ones are the
+    array of their last rounds. `after(done)` is what remains after round `done`."""
+
+    def __init__(self, rounds: int, eval_every: int, scanned: bool,
+                 checkpoint_every: Optional[int] = None, done: int = 0):
+        self.rounds, self.scanned, self.done = rounds, scanned, done
+        self.eval_every, self.checkpoint_every = eval_every, checkpoint_every
+        self._ends = None
+        if scanned:
+            periods = [eval_every] + ([checkpoint_every] if checkpoint_every else [])
+            ends = np.unique(np.concatenate(
+                [np.arange(p, rounds + 1, p, dtype=np.int64) for p in periods]
+                + [np.asarray([rounds], np.int64)]))
+            self._ends = ends[ends > done]
+
+    def __len__(self) -> int:
+        return len(self._ends) if self.scanned else max(self.rounds - self.done, 0)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if not self.scanned:
+            return (self.done + index + 1, 1)
+        end = int(self._ends[index])
+        first = int(self._ends[index - 1]) + 1 if index > 0 else self.done + 1
+        return (first, end - first + 1)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
+    def after(self, done: int) -> RoundChunks:
+        """The chunks after round `done` (a resumed run's: `done` ends a chunk)."""
+        return RoundChunks(self.rounds, self.eval_every, self.scanned, self.checkpoint_every,
+                           max(done, self.done))
+
+    @property
+    def evaluations(self) -> int:
+        """How many of the chunks end at an evaluated round (every `eval_every`, the last)."""
+        every, rounds, done = self.eval_every, self.rounds, self.done
+        if done >= rounds:
+            return 0
+        return rounds // every - done // every + (rounds % every != 0)
+
+    def lengths(self) -> dict[int, int]:
+        """How many chunks have each length."""
+        if not self.scanned:
+            return {1: len(self)} if len(self) else {}
+        firsts = np.concatenate([[self.done], self._ends[:-1]])
+        counts, times = np.unique(self._ends - firsts, return_counts=True)
+        return {int(c): int(t) for c, t in zip(counts, times)}
+
+
+def round_chunks(rounds: int, eval_every: int, scanned: bool,
+                 checkpoint_every: Optional[int] = None) -> RoundChunks:
+    """The host calls of `rounds` rounds (`RoundChunks`): one round each, or, scanned, the
+    rounds up to each evaluation or checkpoint round as one call (a few lengths, each one
+    compilation)."""
+    return RoundChunks(rounds, eval_every, scanned, checkpoint_every)
 
 
 class LoopHooks:
@@ -52,17 +107,18 @@ class LoopHooks:
     def chunk_finished(self, index: int, last_round: int, state) -> None: ...
 
 
-def run_rounds(program, config: RunConfig, dataset: FederatedDataset, state, values, rounds_keys,
+def run_rounds(program, dataset: FederatedDataset, state, values, rounds_keys,
                records: Sequence[MemberRecord], chunks: Sequence[tuple[int, int]],
                hooks: Optional[LoopHooks] = None, keep: bool = False):
     """Run `chunks` of rounds of `program` (`mcfl.runs.program.RoundProgram`) from `state`,
-    adding to each member's record; returns the final state. `config` is the members' shared
-    config (the schedule of evaluations). With `keep`, each record also keeps every evaluated
-    round's assignments and the last evaluation's per-client metrics (a run's files need
-    them)."""
+    adding to each member's record; returns the final state. The members share the program's
+    plan (its schedule of evaluations, its rounds). With `keep`, each record also keeps every
+    evaluated round's assignments and the last evaluation's per-client metrics (a run's files
+    need them)."""
     hooks = hooks or LoopHooks()
     data = dataset.arrays
-    params_count = program.plan.params_count
+    params_count = program.run_plan.params_count
+    eval_every, rounds = program.plan.evaluation.eval_every, program.run_plan.rounds
     for index, (first, count) in enumerate(chunks):
         hooks.chunk_started(index)
         t0 = time.perf_counter()
@@ -73,7 +129,7 @@ def run_rounds(program, config: RunConfig, dataset: FederatedDataset, state, val
         fresh = [_chunk_rows(record, metrics, m, first, count, seconds, params_count)
                  for m, record in enumerate(records)]
         last = first + count - 1
-        if (last % config.eval_every == 0 or last == config.rounds) and any(
+        if (last % eval_every == 0 or last == rounds) and any(
                 record.running for record in records):
             _evaluate(program, values, state, dataset, records, fresh, last, keep)
         for m, (record, rows) in enumerate(zip(records, fresh)):
@@ -105,7 +161,11 @@ def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, co
     for j in range(count):
         row = {"round": first + j, **{k: float(v[member, j]) for k, v in metrics.items()},
                "seconds": seconds}
-        if not all(math.isfinite(v) for v in row.values()):
+        if row.get("clients_reported") == 0:
+            # nobody reported: the round trained nothing the server heard of, so it has no
+            # training loss (an empty cell, skipped by plots), not a loss of 0
+            row.update({k: None for k in REPORTED_METRICS if k in row})
+        if not all(v is None or math.isfinite(v) for v in row.values()):
             record.status, record.diverged_row = "diverged", row
             break
         if record.epsilons is not None:  # (infinite without noise: not a divergence)
@@ -116,6 +176,8 @@ def _chunk_rows(record: MemberRecord, metrics: dict, member: int, first: int, co
     return rows
 
 
+# A round's metrics that average over the clients that reported: none when nobody did.
+REPORTED_METRICS = ("train_loss", "discrepancy", "local_steps")
 UNSEEN_KEYS = ("unseen_accuracy_micro", "unseen_accuracy_macro")
 UNSEEN_GROUP_KEYS = ("unseen_worst_group_accuracy",)
 UNSEEN_CLUSTER_KEYS = ("unseen_cluster_ari", "unseen_cluster_nmi")

@@ -1,20 +1,21 @@
-"""The round program: one config's initialisation, rounds and evaluation as compiled programs.
+"""The round program: one plan's initialisation, rounds and evaluation as compiled programs.
 
-Built from a config and its plan (`mcfl.runs.execution`), as purejaxrl's ``make_train(config)`` is:
-`RoundProgram` builds the algorithm once (`mcfl.algorithms.build_algorithm`, with the plan's
-block size in its context), runs it on the device (`mcfl.algorithms.device.on_device`, with
-the run's message transform) and gives three jittable functions of the *traced values* (a
+Built from a run's plan (`mcfl.runs.plan`) and its execution plan (`mcfl.runs.execution`), as
+purejaxrl's ``make_train(config)`` is: `RoundProgram` builds the algorithm once
+(`Plan.build_algorithm`, with the execution plan's block size in its context), runs it on the
+device (`mcfl.algorithms.device.on_device`, with the run's message transform) and gives three
+jittable functions of the *traced values* (a
 dict of the settings a sweep varies, by flat key: `mcfl.sweeps.spec`; empty for a single run,
 whose numbers are baked into the program):
 
 * ``init(values, init_key, data) -> state``;
 * ``rounds[count](values, state, data, rounds_key, first) -> (state, metrics [count])``: one
-  round, or with ``plan.scan_rounds`` `count` rounds as one `lax.scan`;
+  round, or with ``run_plan.scan_rounds`` `count` rounds as one `lax.scan`;
 * ``evaluate(values, state, data) -> (counts, test_counts, assignments)``.
 
-Each builds the algorithm's hyperparameters (`Hyperparams`) from the config and the values,
+Each builds the algorithm's hyperparameters (`Hyperparams`) from the plan and the values,
 so a swept float is an argument, never a reason to rebuild anything. The seeds are arguments
-too (the keys), so `round_program` keeps the last few programs: runs of one config with other
+too (the keys), so `round_program` keeps the last few programs: runs of one plan with other
 seeds (``for s in seeds: mcfl.run(config.replace(seed=s), dataset=data)``) compile once.
 With ``members=True`` every function takes a leading member axis on the values, state and
 keys (the data is shared): the members of a sweep run side by side (vmapped) or one after
@@ -26,6 +27,7 @@ another in the same program (`over_members`), dealt over the devices of a member
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import time
 import warnings
@@ -37,16 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl import engine
-from mcfl.algorithms import FederatedAlgorithm, build_algorithm, hyperparams
+from mcfl.algorithms import FederatedAlgorithm
 from mcfl.algorithms.device import evaluation_counts, newcomer_models, on_device, scan_rounds
-from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.engine.newcomers import most_confident
-from mcfl.errors import ConfigError
 from mcfl.runs.evaluation import ClientMetrics, client_metrics
 from mcfl.runs.execution import RunPlan
 from mcfl.runs.loop import round_chunks
-from mcfl.transforms import IDENTITY, MessageTransform
+from mcfl.runs.plan import Plan
 
 MEMBER_AXIS = "members"
 
@@ -109,39 +109,38 @@ def footprint(compiled) -> Optional[int]:
 
 
 class RoundProgram:
-    """The compiled programs of `config` on its `plan` (see the module docstring).
+    """The compiled programs of `plan` on its execution plan `run_plan` (see the module
+    docstring).
 
     `traced`: the flat keys whose values are arguments (a sweep group's varied settings).
     `members`: a leading member axis on values, state and keys; `mesh` deals it over devices
     and `width` members run side by side. `jit_options`: extra `jax.jit` arguments (a
     multi-process run's replicated outputs). `transform`: what every client message goes
-    through (`mcfl.transforms`).
+    through is the plan's (`mcfl.transforms`; DP's mechanism with --dp-clip).
     """
 
-    def __init__(self, config: RunConfig, plan: RunPlan, traced: Sequence[str] = (),
+    def __init__(self, plan: Plan, run_plan: RunPlan, traced: Sequence[str] = (),
                  members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
-                 width: Optional[int] = None, jit_options: Optional[dict] = None,
-                 transform: MessageTransform = IDENTITY):
-        self.config, self.plan, self.traced, self.members = config, plan, tuple(traced), members
-        if plan.privacy is not None:  # the config's DP is the run's transform
-            if transform.acts:
-                raise ConfigError(f"a run with --dp-clip sends its messages through DP's "
-                                  f"mechanism; it cannot also take the transform "
-                                  f"{transform.name} (chain them yourself: "
-                                  f"mcfl.privacy.mechanism.gaussian_mechanism)")
-            transform = plan.privacy.transform()
+                 width: Optional[int] = None, jit_options: Optional[dict] = None):
+        self.plan, self.run_plan, self.traced, self.members = (plan, run_plan, tuple(traced),
+                                                               members)
+        transform = plan.transform
+        if run_plan.privacy is not None:  # the plan's DP is the run's transform
+            transform = run_plan.privacy.transform()
         self.transform = transform
-        self.algorithm = algorithm = build_algorithm(config, plan.model, plan.clients_per_round,
-                                                     plan.train_block)
+        model = run_plan.model
+        self.algorithm = algorithm = plan.build_algorithm(model, run_plan.clients_per_round,
+                                                          run_plan.train_block)
         self.device = device = on_device(algorithm, transform)
         self.clustered = algorithm.assignments is not None
-        self.scanned = scanned = plan.scan_rounds
-        self.chunks = round_chunks(config.rounds, config.eval_every, scanned)
+        self.scanned = scanned = run_plan.scan_rounds
+        self.chunks = round_chunks(run_plan.rounds, plan.evaluation.eval_every, scanned,
+                                   plan.execution.checkpoint_every)
         self.compile_seconds = 0.0
         jit_options = jit_options or {}
 
         def hp(values):
-            return hyperparams(config, plan.model, values, plan.privacy)
+            return plan.hyperparams(model, values, run_plan.privacy)
 
         def init(values, init_key, data):
             return device.init(data, init_key, hp(values))
@@ -155,8 +154,8 @@ class RoundProgram:
 
         def evaluate_(values, state, data):
             del values  # evaluation depends on the state alone
-            counts, test_counts = evaluation_counts(algorithm, plan.model.apply,
-                                                    plan.eval_block, state, data)
+            counts, test_counts = evaluation_counts(algorithm, model.apply,
+                                                    run_plan.eval_block, state, data)
             assigned = algorithm.assignments(state.algorithm) if self.clustered else None
             return counts, test_counts, assigned
 
@@ -167,9 +166,9 @@ class RoundProgram:
                 return None
             models, index = offered
             if index is None:
-                index = most_confident(plan.model.apply, unseen, models, plan.eval_block)
-            counts = engine.evaluate_counts(plan.model.apply, unseen, models, index,
-                                            plan.eval_block)
+                index = most_confident(model.apply, unseen, models, run_plan.eval_block)
+            counts = engine.evaluate_counts(model.apply, unseen, models, index,
+                                            run_plan.eval_block)
             return counts, unseen.test_counts, index
 
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
@@ -187,8 +186,16 @@ class RoundProgram:
         # name -> (the signature of the arguments it was compiled for, the executable)
         self._compiled: dict[Any, tuple[Any, Any]] = {}
 
-    def values(self, configs: Sequence[RunConfig]) -> dict[str, jax.Array]:
-        """The traced values of `configs` (one per member, stacked [M]); {} without any."""
+    def hyperparams(self, values, private: bool = True):
+        """The algorithm's hyperparameters (`Hyperparams`) for the traced `values`, with DP's
+        numbers when the run has DP and `private` (a population start's points are trained
+        without them)."""
+        return self.plan.hyperparams(self.run_plan.model, values,
+                                     self.run_plan.privacy if private else None)
+
+    def values(self, configs: Sequence[Any]) -> dict[str, jax.Array]:
+        """The traced values of the members' `configs` (one each, stacked [M]); {} without
+        any."""
         if not self.members:
             return {}
         return {k: jnp.asarray([getattr(c, k) for c in configs], jnp.float32)
@@ -321,27 +328,34 @@ PROGRAMS_KEPT = 8  # programs `round_program` keeps (their executables, no data)
 _PROGRAMS: collections.OrderedDict[tuple, RoundProgram] = collections.OrderedDict()
 
 
-def round_program(config: RunConfig, plan: RunPlan, data, traced: Sequence[str] = (),
+def round_program(plan: Plan, run_plan: RunPlan, data, traced: Sequence[str] = (),
                   members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
-                  width: Optional[int] = None, jit_options: Optional[dict] = None,
-                  transform: MessageTransform = IDENTITY) -> RoundProgram:
-    """`RoundProgram(config, plan, ...)`, or the one already built for the same config up to
+                  width: Optional[int] = None, jit_options: Optional[dict] = None
+                  ) -> RoundProgram:
+    """`RoundProgram(plan, run_plan, ...)`, or the one already built for the same plan up to
     its seeds (keys are arguments) on data of the same shapes: the last `PROGRAMS_KEPT` are
     kept, with the executables they compiled."""
-    settings = tuple(sorted((k, repr(v)) for k, v in config.to_dict().items()
-                            if k not in ("seed", "data_seed")))
-    # (a replaced builder, in tests, builds other programs)
-    key = (settings, _module_key(plan.model.module), signature(data), tuple(traced), members,
-           mesh, width, repr(jit_options), build_algorithm, transform, plan.train_block,
-           plan.scan_rounds)
+    key = (seedless(plan), plan.transform, _module_key(run_plan.model.module),
+           _module_key(plan.model.model), signature(data), tuple(traced), members, mesh, width,
+           repr(jit_options), run_plan.train_block, run_plan.scan_rounds, run_plan.rounds)
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
-    program = RoundProgram(config, plan, traced, members, mesh, width, jit_options, transform)
+    program = RoundProgram(plan, run_plan, traced, members, mesh, width, jit_options)
     _PROGRAMS[key] = program
     while len(_PROGRAMS) > PROGRAMS_KEPT:
         _PROGRAMS.popitem(last=False)
     return program
+
+
+def seedless(plan: Plan) -> Plan:
+    """`plan` with its seeds set to 0: what its compiled programs are specific to (the seeds
+    reach them as keys; only canaries' directions are built from the seed into the program)."""
+    privacy = plan.privacy
+    if privacy is not None and privacy.canaries == 0:
+        privacy = dataclasses.replace(privacy, canary_seed=0)
+    return dataclasses.replace(plan, seed=0, data=dataclasses.replace(plan.data, seed=0),
+                               privacy=privacy)
 
 
 def _module_key(module) -> Any:

@@ -16,7 +16,6 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from mcfl.config import RunConfig
 from mcfl.data import FederatedDataset
 from mcfl.runs.evaluation import ClientMetrics
 
@@ -98,16 +97,17 @@ def cluster_metrics(assignment: np.ndarray, true_cluster: Optional[np.ndarray]) 
     return out
 
 
-def divergence_message(config: RunConfig, row: dict[str, Any],
-                       rows: list[dict[str, Any]]) -> str:
+def divergence_message(plan, row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """What a round with a non-finite metric says: which values, which rounds are kept, and what
     to change. Round 1 non-finite already points at the model or the data (a learning rate
     rarely overflows in one round); later, a smaller step: a tenth of the run's --lr, and a
     server step back to plain averaging (1) where the run's is above it."""
-    bad = ", ".join(f"{k}={v}" for k, v in row.items() if not math.isfinite(v))
+    bad = ", ".join(f"{k}={v}" for k, v in row.items()
+                    if v is not None and not math.isfinite(v))
     kept = f"rounds 1-{rows[-1]['round']} were kept" if rows else "no round was kept"
-    steps = [f"--lr {config.lr / 10:g} (a tenth of {config.lr:g})"]
-    server_lr = getattr(config.params, "server_lr", None)
+    lr = plan.training.lr
+    steps = [f"--lr {lr / 10:g} (a tenth of {lr:g})"]
+    server_lr = getattr(plan.algorithm.params, "server_lr", None)
     if server_lr is not None and server_lr > 1:
         steps.append(f"--server-lr 1 (plain averaging; now {server_lr:g})")
     smaller = " or ".join(steps)
@@ -121,13 +121,14 @@ def divergence_message(config: RunConfig, row: dict[str, Any],
             f"smaller step, {smaller}, or check the data for extreme values")
 
 
-def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, started: float,
-            plan, status: str) -> dict[str, Any]:
-    """summary.json of a run (`plan`: its `mcfl.runs.execution.RunPlan`)."""
+def summary(plan, dataset: FederatedDataset, record: MemberRecord, started: float,
+            run_plan, status: str) -> dict[str, Any]:
+    """summary.json of a run (`plan`: its `mcfl.runs.plan.Plan`; `run_plan`: its
+    `mcfl.runs.execution.RunPlan`)."""
     rows, round_seconds = record.rows, record.round_seconds
     out: dict[str, Any] = {
         "status": status,
-        "config": config.to_dict(),
+        "config": plan.config.to_dict(),
         "dataset": {
             "name": dataset.name,
             "clients": dataset.num_clients,
@@ -138,19 +139,23 @@ def summary(config: RunConfig, dataset: FederatedDataset, record: MemberRecord, 
                {"unseen_clients": dataset.unseen.num_clients,
                 "unseen_test_samples": int(dataset.unseen.test_counts().sum())}),
         },
-        "num_params": plan.params_count,
-        "clients_per_round": plan.clients_per_round,
-        "block_size": plan.block_size,
+        "num_params": run_plan.params_count,
+        "clients_per_round": run_plan.clients_per_round,
+        "block_size": run_plan.block_size,
         "rounds_completed": len(rows),
         "backend": jax.default_backend(),
         "device": str(jax.devices()[0].device_kind),
         "jax_version": jax.__version__,
     }
     out.update(outcome(rows))
-    if plan.privacy is not None:
+    # the best accuracy by the run's --score (mcfl: the best evaluated round; paper: FlexCFL's)
+    out["score"] = plan.evaluation.score
+    out["best_score"] = out[PAPER_SCORE if plan.evaluation.score == "paper"
+                            else "best_accuracy_micro"]
+    if run_plan.privacy is not None:
         spent = float(record.epsilons[len(rows) - 1]) if rows else 0.0
-        out.update(plan.privacy.summary(spent, config.dp_noise))
-        out["dp_clip"] = config.dp_clip
+        out.update(run_plan.privacy.summary(spent, plan.privacy.noise))
+        out["dp_clip"] = plan.privacy.clip
         out["clients_reported"] = float(np.mean([r["clients_reported"] for r in rows])) \
             if rows and "clients_reported" in rows[-1] else None
     for key in ("cluster_ari", "cluster_nmi", "num_clusters", "intra_cluster_distance",

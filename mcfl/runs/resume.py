@@ -16,6 +16,7 @@ from mcfl.config import RunConfig
 from mcfl.errors import ConfigError, McflError
 from mcfl.files import atomic, checkpoint, kinds
 from mcfl.files.run_folder import SETTINGS_FILE, read_settings, recover_replacement, run_status
+from mcfl.models.build import model_label
 from mcfl.runs.records import MemberRecord
 
 
@@ -48,10 +49,13 @@ def resume_settings(run_dir: Path) -> dict[str, Any]:
     return settings
 
 
-def resumed_config(config: Optional[RunConfig], saved: RunConfig, run_dir: Path, out_dir
-                    ) -> tuple[RunConfig, Path]:
+def resumed_config(config: Optional[RunConfig], saved: RunConfig, run_dir: Path, out_dir,
+                   model=None) -> tuple[RunConfig, Path]:
     """The config `saved` with the run in `run_dir` (checked against `config` if one is
-    given) and the folder a resumed run writes to: its own."""
+    given, its model recorded by the label of `model`, a user's object, if one is given) and
+    the folder a resumed run writes to: its own."""
+    if config is not None and model is not None:
+        config = config.replace(model=model_label(model))
     if out_dir is not None and Path(out_dir).resolve() != run_dir.resolve():
         raise ConfigError(f"a resumed run writes to its own folder {str(run_dir)!r}, not "
                           f"{str(out_dir)!r}")

@@ -23,18 +23,18 @@ import jax
 import numpy as np
 
 from mcfl import engine
-from mcfl.algorithms import hyperparams
 from mcfl.config import RunConfig, from_dict
-from mcfl.data import FederatedDataset, load_dataset, with_all_users, with_held_out
+from mcfl.data import FederatedDataset, resolve_data, with_held_out
+from mcfl.data import load_dataset as load_data
 from mcfl.errors import ConfigError, McflError, TrainingDivergedError
 from mcfl.files import checkpoint, faults
-from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
-from mcfl.files.run_folder import RunFolder, RunTarget, check_target, write_result, write_settings
-from mcfl.models.build import model_label
+from mcfl.files.checkpoint import Checkpoints, StopRequests
+from mcfl.files.run_folder import RunTarget, check_target, write_settings
 from mcfl.privacy import canaries
 from mcfl.runs import records
 from mcfl.runs.embedding import embedding_for_run
 from mcfl.runs.execution import RunPlan, client_mesh, plan_run, run_keys
+from mcfl.runs.folder import RunFolder, write_result
 from mcfl.runs.loop import (
     UNSEEN_CLUSTER_KEYS,
     UNSEEN_GROUP_KEYS,
@@ -43,6 +43,7 @@ from mcfl.runs.loop import (
     client_scores,
     run_rounds,
 )
+from mcfl.runs.plan import Plan, resolve
 from mcfl.runs.program import RoundProgram
 from mcfl.runs.records import MemberRecord
 from mcfl.runs.resume import restore, resume_settings, resumed_config
@@ -147,41 +148,24 @@ def run(
     if resume is not None:
         settings = resume_settings(Path(resume))
         config, out_dir = resumed_config(config, from_dict(settings["config"]), Path(resume),
-                                          out_dir)
+                                          out_dir, model)
         if checkpoint_every is None:  # the run keeps its own interval
             checkpoint_every = settings.get("checkpoint_every")
     elif config is None:
         raise ConfigError("run() needs a config, or resume=RUN_DIR to continue a stopped run")
-    if model is not None:
-        config = config.replace(model=model_label(model))
-    check_every(checkpoint_every)
-    mesh = client_mesh(config.devices)
+    plan = resolve(config, model, transform, checkpoint_every)  # refused here: nothing built
+    mesh = client_mesh(plan.execution.devices)
     writes = out_dir is not None and distributed.is_leader()
     if writes and resume is None:  # refused before anything runs; nothing made yet
         check_target(Path(out_dir), overwrite)
     started = time.perf_counter()
-    if dataset is None:  # refused before anything is built when it cannot fit
-        memory.check_data_fits(config)
-    # Built outside the mesh: each process builds the same data from the config and seed
-    # as plain (single-device) arrays; the rounds use them as replicated inputs.
-    if dataset is None:  # a natural dataset with no `clients` is loaded to count its users
-        config, dataset = with_all_users(config, cache_dir)
-    elif config.clients is None:
-        config = config.replace(clients=dataset.num_clients)
-    if dataset is None:
-        dataset = load_dataset(config, cache_dir)
-    if dataset.num_clients != config.clients:
-        raise ConfigError(
-            f"the dataset passed has {dataset.num_clients} clients but the config says "
-            f"clients={config.clients}; build it from the same config"
-        )
-    dataset = with_held_out(dataset, config)  # (the clients that never train: --unseen-share)
-    plan = plan_run(config, dataset, model)  # a model that does not fit the data: refused here
+    plan, dataset = prepared_data(plan, dataset, cache_dir)
+    run_plan = plan_run(plan, dataset)  # a model that does not fit the data: refused here
     # The data are ready: now the folder is made (or, replacing a run, its staging sibling).
     target = RunTarget(Path(out_dir)) if writes and resume is None else None
     folder = target.folder if target is not None else out_dir and Path(out_dir)
     if writes:
-        write_settings(folder, config.to_dict(), checkpoint_every)
+        write_settings(folder, plan.config.to_dict(), checkpoint_every, plan.describe())
     checkpoints = None
     if out_dir is not None and distributed.process_count() == 1:
         checkpoints = Checkpoints(folder, checkpoint_every)
@@ -207,12 +191,8 @@ def run(
         output = _Output(checkpoints, commit, replacing=target is not None and target.pending,
                          folder=folder if checkpoints is not None else None)
         try:
-            if plan.privacy is not None and plan.privacy.rounds < config.rounds:
-                # --dp-epsilon-budget ends the run at the last round within it (run.json
-                # keeps the config as given; a resumed run stops at the same round)
-                config = config.replace(rounds=plan.privacy.rounds)
-            return _run(config, dataset, plan, started, observers, profile_dir, mesh, output,
-                        None if resume is None else Path(resume), transform)
+            return _run(plan, dataset, run_plan, started, observers, profile_dir, mesh, output,
+                        None if resume is None else Path(resume))
         except BaseException as stop:
             replacing = target is not None and target.pending
             if target is not None:
@@ -225,6 +205,64 @@ def run(
         finally:
             if checkpoints is not None:
                 checkpoints.close()
+
+
+def load_dataset(config: RunConfig, cache_dir: Optional[str | Path] = None
+                 ) -> FederatedDataset:
+    """The federated dataset `config` names (its data settings resolved into the
+    `mcfl.data.DataSpec` a run's plan holds, through `mcfl.data.load_dataset`: from
+    `cache_dir` when it was built before), without held-out clients (`--unseen-share` holds
+    them out when a run starts). Only the data settings are resolved: one dataset serves a
+    base config and the algorithms' variants of it."""
+    return load_data(resolve_data(config.data, config.seed), cache_dir)
+
+
+def prepared_data(plan: Plan, dataset: Optional[FederatedDataset] = None,
+                  cache_dir: Optional[str | Path] = None) -> tuple[Plan, FederatedDataset]:
+    """The plan's dataset (`dataset` if one was passed: it must hold the plan's clients), its
+    clients held out by ``--unseen-share`` attached, and the plan for it: a natural dataset
+    given no clients is loaded to count its users, and the plan resolved again with them. A
+    dataset that cannot fit in memory is refused before it is built (`mcfl.runtime.memory`).
+    Built outside any mesh: each process builds the same data from the plan and seed as plain
+    (single-device) arrays; the rounds use them as replicated inputs."""
+    if dataset is None:
+        if plan.data.clients is not None:
+            memory.check_data_fits(plan.data)
+        dataset = load_data(plan.data, cache_dir)
+        if plan.data.clients is None:
+            plan = plan.with_clients(dataset.num_clients)
+    elif plan.data.clients is None:
+        plan = plan.with_clients(dataset.num_clients)
+    if dataset.num_clients != plan.data.clients:
+        raise ConfigError(
+            f"the dataset passed has {dataset.num_clients} clients but the config says "
+            f"clients={plan.data.clients}; build it from the same config")
+    held = with_held_out(dataset, plan.data)  # (the clients that never train)
+    if held.unseen is not None:
+        plan = dataclasses.replace(plan, notes=plan.notes + (unseen_note(plan, dataset,
+                                                                          held),))
+    return plan, held
+
+
+def chunk_note(plan: Plan, lengths: dict[int, int]) -> str:
+    """What a checkpoint cadence beside the evaluation's costs scanned rounds: a chunk ends at
+    each checkpoint and each evaluation, and each chunk length compiles once."""
+    every, cadence = plan.evaluation.eval_every, plan.execution.checkpoint_every
+    return (f"--checkpoint-every {cadence} beside --eval-every {every} cuts the scanned "
+            f"rounds into chunks of {len(lengths)} lengths ({', '.join(map(str, sorted(lengths)))}"
+            f"), each compiled once; a cadence that divides {every} or is a multiple of it "
+            f"gives at most 2")
+
+
+def unseen_note(plan: Plan, dataset: FederatedDataset, held: FederatedDataset) -> str:
+    """What ``--unseen-share`` held out, said (its rounding: round(share x n) of each
+    planted group of n clients, at least one in all, each group keeping one to train)."""
+    share, count = plan.data.unseen_share, held.unseen.num_clients
+    groups = "" if dataset.true_cluster is None else (
+        f" (round({share:g} x n) of each of the {len(np.unique(dataset.true_cluster))} "
+        f"planted groups of n clients)")
+    return (f"--unseen-share {share:g} holds out {count} of the {dataset.num_clients} "
+            f"clients{groups}: a share of {count / dataset.num_clients:.3g}")
 
 
 @dataclasses.dataclass
@@ -284,46 +322,49 @@ class _RunHooks(LoopHooks):
 
 
 def _run(
-    config: RunConfig,
+    plan: Plan,
     dataset: FederatedDataset,
-    plan: RunPlan,
+    run_plan: RunPlan,
     started: float,
     observers: tuple[RunObserver, ...] = (),
     profile_dir: Optional[str | Path] = None,
     mesh: Optional[jax.sharding.Mesh] = None,
     output: Optional[_Output] = None,
     resume_dir: Optional[Path] = None,
-    transform: Optional[MessageTransform] = None,
 ) -> RunResult:
-    """Train `config` on `dataset` (of the config's clients) by `plan` (`run` checks both
+    """Train `plan` on `dataset` (of the plan's clients) by `run_plan` (`run` checks both
     before the run folder is made)."""
     data = dataset.arrays
-    init_key, rounds_key = run_keys(config.seed)
+    init_key, rounds_key = run_keys(plan.seed)
     output = output or _Output()
-    program, store = run_program(config, plan, data, output.folder,
-                                 jit_options=distributed.replicated_outputs(mesh),
-                                 transform=transform)
+    program, store = run_program(plan, run_plan, data, output.folder,
+                                 jit_options=distributed.replicated_outputs(mesh))
     try:
         if store.kind != "device":
             output.moved.append(lambda folder: program.move_to(folder / STORE_FOLDER))
-        plan = program.plan
+        run_plan = program.run_plan
+        lengths = program.chunks.lengths()
+        if plan.execution.checkpoint_every is not None and len(lengths) > 2:
+            plan = dataclasses.replace(plan, notes=plan.notes + (chunk_note(plan, lengths),))
         compiled_before = program.compile_seconds  # (a kept program has compiled already)
         program.compile_init({}, init_key, data)
-        memory.check_program_fits(program.working_bytes(init=True), "its clients' state", config,
-                                  memory.resident_bytes(data))
+        label = f"{plan.algorithm.name} on {dataset.num_clients:,} clients"
+        memory.check_program_fits(program.working_bytes(init=True), "its clients' state", label,
+                                  plan.execution.devices, memory.resident_bytes(data))
         if program.start_streamed:  # said before the start, which trains every client
             announce(store)
         resuming = resume_dir is not None and checkpoint.exists(resume_dir)  # (else round 1)
         init_start = time.perf_counter()
         state = program.initial_state({}, init_key, data, resuming)
         init_seconds = time.perf_counter() - init_start
-        probed = plan.privacy is not None and plan.privacy.mechanism.canaries > 0
+        privacy = run_plan.privacy
+        probed = privacy is not None and privacy.mechanism.canaries > 0
         # (canaries: the global model before any round, kept before the state is donated)
         initial_model = jax.device_get(program.algorithm_state(state).params) if probed \
             else None
         record = MemberRecord()
-        if plan.privacy is not None:
-            record.epsilons = plan.privacy.epsilons(config.rounds)
+        if privacy is not None:
+            record.epsilons = privacy.epsilons(run_plan.rounds)
         chunks = program.chunks
         checkpoints = output.checkpoints
         if resuming:
@@ -332,7 +373,7 @@ def _run(
             state = program.restored(saved)
             if checkpoints is not None:
                 checkpoints.resumed_at(done)
-            chunks = [(first, count) for first, count in chunks if first > done]
+            chunks = chunks.after(done)
         later = ()
         if program.clustered:  # cluster metrics arrive with evaluated rounds
             later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
@@ -346,26 +387,27 @@ def _run(
         # Compile every program the run needs before the first round (from JAX's persistent cache
         # when it holds them), so that round times are training alone.
         program.compile_rounds({}, state, rounds_key, data)
-        memory.check_program_fits(program.working_bytes(init=False), "a round", config,
-                                  memory.resident_bytes(data, state))
+        memory.check_program_fits(program.working_bytes(init=False), "a round", label,
+                                  plan.execution.devices, memory.resident_bytes(data, state))
         if not program.start_streamed:  # said once the run is sure to start
             announce(store)
         for observer in observers:
-            observer.started(config, later)
+            observer.started(plan.config, later)
             for row in record.rows:  # a resumed run's rows so far
                 observer.round(row)
 
         def summary_with(status: str) -> dict[str, Any]:
-            out = records.summary(config, dataset, record, started, plan, status)
+            out = records.summary(plan, dataset, record, started, run_plan, status)
             return {**out, "init_seconds": init_seconds,
                     "compile_seconds": program.compile_seconds - compiled_before,
-                    "low_rank": plan.low_rank, "devices": engine.client_shards(),
+                    "low_rank": run_plan.low_rank, "devices": engine.client_shards(),
+                    "notes": list(plan.notes),
                     "transform": program.transform.name,
                     "client_store": store.kind, "client_store_reason": store.reason}
 
         def save(last_round: int, state) -> None:
             checkpoints.save(last_round, program.checkpoint_state(last_round, state), rounds_key,
-                             config.to_dict(),
+                             plan.config.to_dict(),
                              {"rows": record.rows, "round_seconds": record.round_seconds,
                               "assignment_rounds": record.assignment_rounds}, record.assignments)
             program.checkpointed()
@@ -378,15 +420,15 @@ def _run(
         # state is whole and can be checkpointed (mcfl.files.checkpoint.StopRequests).
         stop_requests = StopRequests() if checkpoints is not None else None
         hooks = _RunHooks(observers, profile_dir, profiled if profile_dir else range(0), save,
-                          output, stop_requests, config.rounds)
+                          output, stop_requests, run_plan.rounds)
         try:
             with stop_requests or contextlib.nullcontext():
-                state = run_rounds(program, config, dataset, state, {}, rounds_key, [record],
-                                   chunks, hooks, keep=True)
+                state = run_rounds(program, dataset, state, {}, rounds_key, [record], chunks,
+                                   hooks, keep=True)
             if not chunks:  # resumed after its last round's checkpoint: its final files are due
                 record.client_metrics = client_scores(program, {}, state, dataset)
             if record.status == "diverged":
-                raise TrainingDivergedError(records.divergence_message(config, record.diverged_row,
+                raise TrainingDivergedError(records.divergence_message(plan, record.diverged_row,
                                                                        record.rows))
         except BaseException as stop:  # every stop leaves a summary with its status
             status = ("diverged" if isinstance(stop, TrainingDivergedError)
@@ -400,17 +442,17 @@ def _run(
         faults.point("finished")  # the last checkpoint is written, the final files not yet
         summary = summary_with("completed")
         if probed:
-            summary.update(canary_summary(plan.privacy, initial_model,
+            summary.update(canary_summary(privacy, initial_model,
                                           jax.device_get(program.algorithm_state(state).params)))
         final_assignment = record.assignments[-1] if record.assignments else None
         clients = records.client_table(dataset, record.client_metrics, final_assignment)
         stacked = np.stack(record.assignments) if record.assignments else None
         embedding = None
-        if program.clustered and config.embed_clients > 0:
-            embedding = _embedding(program, store.kind, config, state, data, rounds_key,
+        if program.clustered and plan.evaluation.embed_clients > 0:
+            embedding = _embedding(program, store.kind, plan, state, data, rounds_key,
                                    final_assignment, dataset)
-        result = RunResult(config, summary, record.rows, clients, program.algorithm_state(state),
-                           stacked,
+        result = RunResult(plan.config, summary, record.rows, clients,
+                           program.algorithm_state(state), stacked,
                            np.asarray(record.assignment_rounds) if stacked is not None else None,
                            embedding, getattr(state, "rows", None))
         for observer in observers:
@@ -429,14 +471,15 @@ def canary_summary(privacy, initial, final) -> dict[str, Any]:
     return {"dp_empirical_epsilon": found.epsilon, "dp_canaries": found.to_dict()}
 
 
-def _embedding(program: RoundProgram, store_kind: str, config: RunConfig, state, data,
+def _embedding(program: RoundProgram, store_kind: str, plan: Plan, state, data,
                rounds_key, assignment, dataset: FederatedDataset) -> dict[str, np.ndarray]:
     """The 2-D projection of sampled clients' local models, with their clusters."""
-    hp = hyperparams(config, program.plan.model)
+    hp = program.hyperparams({}, private=False)
+    run_plan = program.run_plan
     found, _ = embedding_for_run(
-        program.algorithm, hp.training, config.embed_clients, program.plan.params_count,
+        program.algorithm, hp.training, plan.evaluation.embed_clients, run_plan.params_count,
         store_kind, getattr(program, "folder", None), program.algorithm_state(state), data,
-        jax.random.fold_in(rounds_key, config.rounds + 1), program.plan.train_block)
+        jax.random.fold_in(rounds_key, plan.rounds + 1), run_plan.train_block)
     found = jax.device_get(found)
     clients = np.asarray(found.clients)
     out = {"clients": clients, "coords": np.asarray(found.coords),

@@ -12,16 +12,17 @@ then (on 4 planted clusters of digits, 10 rounds: accuracy picked 6, the elbow 4
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
 
 from mcfl.config import RunConfig
-from mcfl.data import FederatedDataset, load_dataset
+from mcfl.data import FederatedDataset
 from mcfl.data.federated import subset_clients
 from mcfl.errors import ConfigError
-from mcfl.runs.runner import run
+from mcfl.runs.runner import load_dataset, run
 
 # The paper's sample: about 100 clients (every client of a dataset with fewer).
 DEFAULT_SAMPLE = 100
@@ -40,6 +41,13 @@ def select_k(config: RunConfig, candidates: Sequence[int], sample: Optional[int]
     ids}. `model`: a user's model, as in `mcfl.run`."""
     if not config.clustered:
         raise ConfigError(f"select-k needs a clustered algorithm, not {config.algorithm!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not (
+            0 <= tolerance < math.inf):
+        raise ConfigError(f"--tolerance must be a finite accuracy gap >= 0 (the recommended K "
+                          f"is the smallest within it of the best), got {tolerance!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError(f"--candidate-rounds must be a whole number of rounds >= 1, got "
+                          f"{rounds!r}")
     candidates = sorted(set(candidates))
     if not candidates or min(candidates) < 1:
         raise ConfigError(f"candidate K values must be integers >= 1, got {candidates}")

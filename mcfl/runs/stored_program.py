@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms import hyperparams
 from mcfl.algorithms.device import DeviceState, exchange_for
 from mcfl.algorithms.stored import (
     evaluate_rows,
@@ -49,10 +48,10 @@ from mcfl.algorithms.stored import (
     to_training,
     with_fresh,
 )
-from mcfl.config import RunConfig
 from mcfl.engine import EvalCounts
 from mcfl.errors import ConfigError
 from mcfl.runs.execution import RunPlan
+from mcfl.runs.plan import Plan
 from mcfl.runs.program import RoundProgram, over_members, round_program
 from mcfl.runtime import distributed
 from mcfl.store import FOLDER
@@ -60,7 +59,6 @@ from mcfl.store.choose import StoreChoice, choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.start import streamed_start
 from mcfl.store.stores import make_store
-from mcfl.system.devices import system_model
 from mcfl.transforms import initial_state
 
 
@@ -68,20 +66,19 @@ class StoredProgram(RoundProgram):
     """`RoundProgram` with the client rows in a `kind` ("host" or "disk") store in `folder`
     (None: host memory only, or for disk a temporary folder the caller provides)."""
 
-    def __init__(self, config: RunConfig, plan: RunPlan, kind: str, folder: Optional[Path],
-                 traced=(), members: bool = False, mesh=None, width=None, jit_options=None,
-                 transform=None):
-        if config.client_sampling == "poisson":
+    def __init__(self, plan: Plan, run_plan: RunPlan, kind: str, folder: Optional[Path],
+                 traced=(), members: bool = False, mesh=None, width=None, jit_options=None):
+        if plan.participation.sampling == "poisson":
             raise ConfigError(f"--client-sampling poisson runs with the clients' rows on the "
                               f"device; this run keeps them in a {kind} store: give "
                               f"--client-store device, or fewer clients")
-        if system_model(config) is not None:
+        if plan.participation.system is not None:
             raise ConfigError(f"clients as they are (--device-speeds, --client-dropout, ...) "
                               f"run with the clients' rows on the device; this run keeps them "
                               f"in a {kind} store: give --client-store device, or fewer "
                               f"clients")
-        super().__init__(config, plan._replace(scan_rounds=False), traced, members, mesh,
-                         width, jit_options, *(() if transform is None else (transform,)))
+        super().__init__(plan, run_plan._replace(scan_rounds=False), traced, members, mesh,
+                         width, jit_options)
         self.kind, self.folder = kind, folder
         self.temporary = False  # the folder is the program's own, removed when it closes
         algorithm, transform = self.algorithm, self.transform
@@ -100,8 +97,10 @@ class StoredProgram(RoundProgram):
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
                 else lambda fn, batched: fn)
 
+        model = self.run_plan.model
+
         def hp(values):
-            return hyperparams(config, plan.model, values, plan.privacy)
+            return self.hyperparams(values)
 
         def init(values, init_key, data):
             params = hp(values)
@@ -128,9 +127,9 @@ class StoredProgram(RoundProgram):
 
         def evaluate_chunk(state, packed, written, clients, data, initial):
             described = algorithm.client_models(state.algorithm, data)
-            apply_fn = described.apply or plan.model.apply
+            apply_fn = described.apply or model.apply
             data = data if described.data is None else described.data
-            return evaluate_rows(client_state, apply_fn, plan.eval_block, state.algorithm,
+            return evaluate_rows(client_state, apply_fn, run_plan.eval_block, state.algorithm,
                                  initial, self.layout.unpack_device(packed), written, clients,
                                  data)
 
@@ -266,7 +265,7 @@ class StoredProgram(RoundProgram):
         # (the next round's clients are drawn before this round is queued on the device,
         # which would run it first)
         upcoming = (self._round_clients(first + 1, rounds_keys, data)
-                    if first < self.config.rounds else None)
+                    if first < self.run_plan.rounds else None)
         args = (values, state, jax.device_put(self._without_members(packed)),
                 self._without_members(written), self._without_members(clients), data,
                 rounds_keys, jnp.asarray(first, jnp.int32), self.initial)
@@ -409,20 +408,17 @@ def announce(choice: StoreChoice) -> None:
         print(f"mcfl: client store: {choice.kind} ({choice.reason})", file=sys.stderr)
 
 
-def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
+def run_program(plan: Plan, run_plan: RunPlan, data, run_dir: Optional[Path],
                 jit_options: Optional[dict] = None, members: bool = False, traced=(),
-                member_count: int = 1, mesh=None, width=None, transform=None,
+                member_count: int = 1, mesh=None, width=None,
                 accelerator_free: Optional[int] = None) -> tuple[RoundProgram, StoreChoice]:
-    """The program of `config` with the client store it asks for (a disk store in
+    """The program of `plan` with the client store it asks for (a disk store in
     ``run_dir/client_store``, or without a run folder a temporary folder the program removes
-    when closed), and the store chosen. `transform`: the run's message transform;
-    `accelerator_free`: the memory of an accelerator the run is planned for
-    (`choose_store`)."""
-    extra = () if transform is None else (transform,)
-    device = round_program(config, plan, data, traced, members, mesh, width, jit_options,
-                           *extra)
-    choice = choose_store(config.client_store, device.algorithm, config.algorithm,
-                          hyperparams(config, plan.model), data, member_count,
+    when closed), and the store chosen. `accelerator_free`: the memory of an accelerator the
+    run is planned for (`choose_store`)."""
+    device = round_program(plan, run_plan, data, traced, members, mesh, width, jit_options)
+    choice = choose_store(plan.execution.client_store, device.algorithm, plan.algorithm.name,
+                          plan.hyperparams(run_plan.model), data, member_count,
                           accelerator_free)
     if choice.kind == "device":
         return device, choice
@@ -432,10 +428,10 @@ def run_program(config: RunConfig, plan, data, run_dir: Optional[Path],
     temporary = run_dir is None and choice.kind == "disk"
     folder = (Path(tempfile.mkdtemp(prefix="mcfl-store-")) if temporary
               else None if run_dir is None else Path(run_dir) / FOLDER)
-    if plan.scan_rounds:
+    if run_plan.scan_rounds:
         choice = choice._replace(reason=f"{choice.reason}; its rounds run one at a time "
                                  f"(scan_rounds needs the client state on the device)")
-    program = StoredProgram(config, plan, choice.kind, folder, traced, members, mesh, width,
-                            jit_options, transform)
+    program = StoredProgram(plan, run_plan, choice.kind, folder, traced, members, mesh, width,
+                            jit_options)
     program.temporary = temporary
     return program, choice

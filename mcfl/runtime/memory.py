@@ -3,8 +3,9 @@
 Two checks refuse a run that cannot fit, each with one line giving the figure and what to
 change, instead of an out-of-memory error after a long build:
 
-- `check_data_fits(config)`, before the dataset is built: its rows (on the device) and the
-  generator's temporaries (on the host), from the config alone (`data_bytes`; `data_fit` gives
+- `check_data_fits(spec)`, before the dataset is built: its rows (on the device) and the
+  generator's temporaries (on the host), from the data's settings alone (`data_bytes`;
+  `data_fit` gives
   the figures, which `mcfl plan` prints for a run that cannot fit). For Synthetic
   the clients' sizes are drawn exactly as the generator draws them; array datasets are bounded
   by their source; LEAF folders by the size of their files.
@@ -101,27 +102,25 @@ def on_host() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def data_bytes(config) -> Optional[Need]:
-    """What building `config`'s dataset takes, from the config alone; None where the source
-    cannot say before it is read (a TFDS or user folder)."""
-    clients = config.clients or 0
+def data_bytes(spec) -> Optional[Need]:
+    """What building the dataset of `spec` (a `mcfl.data.DataSpec`) takes, from its settings
+    alone; None where the source cannot say before it is read (a TFDS or user folder)."""
+    clients = spec.clients or 0
     per_client = 4 * (6 + 10)  # offsets, counts, label counts (10 classes) ... per client
-    if config.dataset == "synthetic":
-        rows = _synthetic_rows(clients, config.seed if config.data_seed is None
-                               else config.data_seed)
+    if spec.dataset == "synthetic":
+        rows = _synthetic_rows(clients, spec.seed)
         return Need(rows * _SYNTHETIC_ROW_BYTES + clients * per_client,
                     clients * _SYNTHETIC_CLIENT_HOST_BYTES, "its data")
-    if config.dataset == "fedem-synthetic":
-        rows = fedem.row_count(clients, config.seed if config.data_seed is None
-                               else config.data_seed, config.test_fraction)
+    if spec.dataset == "fedem-synthetic":
+        rows = fedem.row_count(clients, spec.seed, spec.test_fraction)
         return Need(rows * (fedem.DIMENSION * 4 + 12) + clients * per_client,
                     rows * 56 + clients * per_client, "its data")
-    if config.dataset in _SOURCE_SHAPES:
-        rows, features = _SOURCE_SHAPES[config.dataset]
+    if spec.dataset in _SOURCE_SHAPES:
+        rows, features = _SOURCE_SHAPES[spec.dataset]
         return Need(rows * (features * 4 + 12) + clients * per_client,
                     rows * features * 8 + clients * per_client, "its data")
-    if config.dataset == "leaf" and config.data_dir is not None:
-        files = sum(p.stat().st_size for p in Path(config.data_dir).rglob("*.json")
+    if spec.dataset == "leaf" and spec.data_dir is not None:
+        files = sum(p.stat().st_size for p in Path(spec.data_dir).rglob("*.json")
                     if p.is_file())
         # JSON text of floats is ~2x its float32 arrays (not so for Shakespeare's text, whose
         # 1-byte characters become 4-byte indices: an estimate 8x low, for a dataset of MBs);
@@ -160,10 +159,11 @@ class DataFit(NamedTuple):
         return self.problem is None
 
 
-def data_fit(config) -> Optional[DataFit]:
-    """`config`'s dataset against this machine's memory, from the config alone (nothing is
-    built); None where its size cannot be told before it is read (`data_bytes`)."""
-    need = data_bytes(config)
+def data_fit(spec) -> Optional[DataFit]:
+    """The dataset of `spec` (a `mcfl.data.DataSpec`) against this machine's memory, from its
+    settings alone (nothing is built); None where its size cannot be told before it is read
+    (`data_bytes`)."""
+    need = data_bytes(spec)
     if need is None:
         return None
     host = need.host + (need.device if on_host() else 0)
@@ -173,14 +173,14 @@ def data_fit(config) -> Optional[DataFit]:
     for needed, available, where in ((host, host_free, "host memory"),
                                      (device, device_free, "device memory")):
         if needed > available:
-            clients = config.clients or 0
+            clients = spec.clients or 0
             fits = int(clients * available / needed) if clients else 0
             advice = (f"use at most about {fits:,} --clients" if fits else "use fewer --clients")
-            if config.dataset not in ("synthetic", "fedem-synthetic", "leaf"):
+            if spec.dataset not in ("synthetic", "fedem-synthetic", "leaf"):
                 advice += " or --samples-per-client"
-            elif config.dataset == "fedem-synthetic" and config.test_fraction is None:
+            elif spec.dataset == "fedem-synthetic" and spec.test_fraction is None:
                 advice += " or a --test-fraction (instead of 5000 test rows a client)"
-            problem = (f"{config.dataset} with {clients:,} clients needs about "
+            problem = (f"{spec.dataset} with {clients:,} clients needs about "
                        f"{gib(needed)} of {where} for {need.what}; "
                        f"{gib(available)} is available: {advice} (or set "
                        f"{LIMIT_VARIABLE} if the figure is wrong)")
@@ -188,9 +188,10 @@ def data_fit(config) -> Optional[DataFit]:
     return DataFit(need, host, device, host_free, device_free, problem)
 
 
-def check_data_fits(config) -> None:
-    """Refuse a config whose dataset cannot be built in this machine's memory."""
-    fit = data_fit(config)
+def check_data_fits(spec) -> None:
+    """Refuse a dataset (its `mcfl.data.DataSpec`) that cannot be built in this machine's
+    memory."""
+    fit = data_fit(spec)
     if fit is not None and not fit.fits:
         raise McflError(fit.problem)
 
@@ -201,22 +202,42 @@ def resident_bytes(*trees) -> int:
                if hasattr(x, "nbytes"))
 
 
-def check_program_fits(extra_bytes: Optional[int], what: str, config, resident: int = 0
-                       ) -> None:
+def check_program_fits(extra_bytes: Optional[int], what: str, run: str,
+                       devices: Optional[int] = None, resident: int = 0) -> None:
     """Refuse a compiled program that allocates `extra_bytes` (beyond its live arguments, which
     take `resident`; XLA's figure, None where the backend gives none) when the device has
-    less free."""
+    less free; `run` names the run in the message ("fedavg on 1,000 clients") and `devices`
+    is the count it asked for (None: all)."""
     if extra_bytes is None:
         return
     available = device_available(resident)
     if extra_bytes > available:
         # (more devices only where the run leaves some unused: by default it takes them all)
-        spare = config.devices is not None and config.devices < len(jax.devices())
-        raise McflError(f"{config.algorithm} on {config.clients:,} clients needs about "
+        spare = devices is not None and devices < len(jax.devices())
+        raise McflError(f"{run} needs about "
                         f"{gib(extra_bytes)} more memory for {what}; {gib(available)} is "
                         "available: use fewer --clients or --clients-per-round"
                         + (", a smaller model, or more devices (--devices up to "
                            f"{len(jax.devices())})" if spare else " or a smaller model"))
+
+
+# What a run keeps per round on the host whatever its size (its row of metrics as a Python
+# dict of about 20 numbers, its seconds, its epsilon, its chunk): at most about 2 KB (a dict
+# of 20 floats is 0.94 KB by sys.getsizeof of the dict and its values; rows with cluster
+# sizes and the unseen clients' scores hold more).
+ROUND_BOOKKEEPING_BYTES = 2_000
+
+
+def check_rounds_fit(rounds: int, checkpoint_every: Optional[int] = None) -> None:
+    """Refuse a round count whose bookkeeping (a row a round, `ROUND_BOOKKEEPING_BYTES`) would
+    take more than half the host's available memory, before anything is built."""
+    needed = rounds * ROUND_BOOKKEEPING_BYTES
+    available = host_available()
+    if needed > available // 2:
+        most = max(1, available // 2 // ROUND_BOOKKEEPING_BYTES)
+        raise ConfigError(f"--rounds {rounds:,} would keep about {gib(needed)} of rows in "
+                          f"memory (a row of metrics a round); {gib(available)} is available: "
+                          f"allowed: at most about {most:,} rounds here")
 
 
 def out_of_memory(error: BaseException) -> Optional[McflError]:

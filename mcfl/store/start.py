@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms import hyperparams
 from mcfl.algorithms.device import DeviceState
 from mcfl.algorithms.stored import to_storage
 from mcfl.store.stores import make_store
@@ -79,7 +78,6 @@ def streamed_start(program, values, init_keys, data, members: int):
     [M] when `program.members`."""
     client_state = program.algorithm.client_state
     start = client_state.start
-    config, plan = program.config, program.plan
     num_clients = int(data.num_clients)
     keys = init_keys if program.members else init_keys[None]
 
@@ -87,7 +85,7 @@ def streamed_start(program, values, init_keys, data, members: int):
         return {k: v[m] for k, v in values.items()}
 
     def points(values_m, key, data, clients):  # (in the store's dtype)
-        return to_storage(start.points(data, key, hyperparams(config, plan.model, values_m),
+        return to_storage(start.points(data, key, program.hyperparams(values_m, private=False),
                                        clients), client_state.dtype)
 
     points_fn = jax.jit(points)
@@ -97,7 +95,6 @@ def streamed_start(program, values, init_keys, data, members: int):
 
 def _train_and_cluster(program, start, points_fn, member_values, keys, data, members: int,
                        num_clients: int):
-    config, plan = program.config, program.plan
     shape = jax.eval_shape(points_fn, member_values(0), keys[0], data,
                            jax.ShapeDtypeStruct((1,), jnp.int32))
     width, dtype = shape.shape[1], np.dtype(shape.dtype)
@@ -113,8 +110,7 @@ def _train_and_cluster(program, start, points_fn, member_values, keys, data, mem
             kept = min(chunk, num_clients - lo)
             store.scatter(np.broadcast_to(clients[:kept], (members, kept)).copy(),
                           rows[:, :kept].view(np.uint8), 1)
-        params = [hyperparams(config, plan.model, member_values(m), plan.privacy)
-                  for m in range(members)]
+        params = [program.hyperparams(member_values(m)) for m in range(members)]
         states = [DeviceState(start.finish(data, keys[m], params[m],
                                            StoreSource(store, m, width, chunk, dtype)),
                               None, initial_state(program.transform, params[m].privacy))

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import jax
 
 from mcfl.config import RunConfig, from_dict
-from mcfl.data import DATA_FIELDS, FederatedDataset, load_dataset, with_all_users, with_held_out
+from mcfl.data import FederatedDataset, load_dataset, resolve_data, with_held_out
 from mcfl.errors import ConfigError
 from mcfl.files import atomic, checkpoint
 from mcfl.files.checkpoint import Checkpoints, StopRequests, check_every
@@ -30,6 +30,7 @@ from mcfl.files.run_folder import RunTarget, check_target, recover_replacement
 from mcfl.models.build import model_label
 from mcfl.runs.execution import client_mesh, plan_run
 from mcfl.runs.loop import LoopHooks, run_rounds
+from mcfl.runs.plan import Plan, resolve
 from mcfl.runs.program import RoundProgram, member_mesh
 from mcfl.runs.records import MemberRecord
 from mcfl.runs.resume import differences
@@ -39,7 +40,15 @@ from mcfl.sweeps import folder as sweep_folder
 from mcfl.sweeps import tables
 from mcfl.sweeps.members import default_width, fit, member_keys, memory_budget, padded
 from mcfl.sweeps.observed import Followers, check_factories, later_columns
-from mcfl.sweeps.spec import Group, Member, check_grid, expand, group, parse_seeds
+from mcfl.sweeps.spec import (
+    Group,
+    Member,
+    check_grid,
+    check_settings_taken,
+    expand,
+    group,
+    parse_seeds,
+)
 from mcfl.transforms import IDENTITY
 
 __all__ = ["SweepResult", "sweep"]
@@ -161,8 +170,11 @@ def sweep(
         if dataset is not None:
             config = config.replace(clients=dataset.num_clients)
         else:
-            config, _ = with_all_users(config, cache_dir)
+            users = load_dataset(resolve_data(config.data, config.seed), cache_dir)
+            config = config.replace(clients=users.num_clients)
     members = expand(config, seeds, grid, data_seeds)
+    check_settings_taken(config, (m.config.algorithm for m in members))
+    plans = member_plans(members, model, transform, checkpoint_every)
     groups = group(members)
     transform_name = (transform or IDENTITY).name
     spec = {"config": config.to_dict(), "seeds": list(seeds), "grid":
@@ -186,9 +198,11 @@ def sweep(
         check_target(out, overwrite, "sweep")
     # Bad data, or a model that fails on them, are refused before any file is made.
     datasets: dict[tuple, FederatedDataset] = {}
-    plans = {g: plan_run(grp.base, _dataset_for(grp, datasets, dataset, cache_dir), model)
-             for g, grp in enumerate(groups)
-             if not all(m.index in finished for m in grp.members)}
+    run_plans = {g: plan_run(plans[grp.members[0].index],
+                             _dataset_for(plans[grp.members[0].index], datasets, dataset,
+                                          cache_dir))
+                 for g, grp in enumerate(groups)
+                 if not all(m.index in finished for m in grp.members)}
     target = RunTarget(out, "sweep") if out is not None and saved is None else None
     folder = target.folder if target is not None else out
     result = SweepResult(spec, [], [], [], [])
@@ -212,11 +226,12 @@ def sweep(
             for g, grp in enumerate(groups):
                 if all(m.index in finished for m in grp.members):
                     continue
-                data = _dataset_for(grp, datasets, dataset, cache_dir)
-                program, _ = run_program(grp.base, plans[g], data.arrays, None,
+                base = plans[grp.members[0].index]
+                data = _dataset_for(base, datasets, dataset, cache_dir)
+                program, _ = run_program(base, run_plans[g], data.arrays, None,
                                          members=True, traced=grp.traced,
                                          member_count=len(grp.members), mesh=mesh,
-                                         width=member_width, transform=transform)
+                                         width=member_width)
                 programs.append(program)
                 compiled_before = program.compile_seconds  # (a kept program: compiled already)
                 chunk_size = group_runs.get(g, {}).get("members_per_chunk", members_per_chunk)
@@ -405,13 +420,13 @@ def _run_chunk(program: RoundProgram, grp: Group, g: int, start: int, chunk: lis
     state = program.init(values, init_keys, dataset.arrays)
     info["init_seconds"] += time.perf_counter() - t0
     records = [MemberRecord() for _ in members]
-    privacy = program.plan.privacy
+    privacy = program.run_plan.privacy
     if privacy is not None:  # each member's epsilon, from its own noise multiplier
         spent: dict[Any, Any] = {}  # epsilons by noise (once each: seeds and padding share it)
         for member, record in zip(members, records):
             noise = member.config.dp_noise
             if noise not in spent:
-                spent[noise] = privacy.epsilons(member.config.rounds, noise)
+                spent[noise] = privacy.epsilons(program.run_plan.rounds, noise)
             record.epsilons = spent[noise]
     place = {"group": g, "first": start, "members": [m.index for m in members]}
     chunks = program.chunks
@@ -421,7 +436,7 @@ def _run_chunk(program: RoundProgram, grp: Group, g: int, start: int, chunk: lis
         if resumed is not None:
             state, done = resumed
             checkpoints.resumed_at(done)
-            chunks = [(first, count) for first, count in chunks if first > done]
+            chunks = chunks.after(done)
             counter.tick(done * len(chunk))
         else:  # another chunk's (finished, or from a sweep since changed): not this one's
             shutil.rmtree(output.folder / checkpoint.FOLDER, ignore_errors=True)
@@ -437,8 +452,7 @@ def _run_chunk(program: RoundProgram, grp: Group, g: int, start: int, chunk: lis
         for row in record.rows:
             followers.row(m, row)
     try:
-        run_rounds(program, grp.base, dataset, state, values, rounds_keys, records, chunks,
-                   hooks)
+        run_rounds(program, dataset, state, values, rounds_keys, records, chunks, hooks)
     except BaseException as stop:
         followers.ended(records, "interrupted" if isinstance(stop, KeyboardInterrupt)
                         else "error")
@@ -470,24 +484,38 @@ def _restore(folder: Path, place: dict, state, rounds_keys, records: list[Member
     return saved.state, saved.round
 
 
-def _dataset_for(grp: Group, built: dict, given: Optional[FederatedDataset],
+def _dataset_for(plan: Plan, built: dict, given: Optional[FederatedDataset],
                  cache_dir) -> FederatedDataset:
-    """The group's dataset: built once per data config and data seed (its held-out clients,
-    `--unseen-share`, once per share)."""
-    config = grp.base
+    """A group's dataset (`plan`: its first member's): built once per data spec (its held-out
+    clients, `--unseen-share`, once per share)."""
+    spec = plan.data
     if given is not None:
-        if given.num_clients != config.clients:
+        if given.num_clients != spec.clients:
             raise ConfigError(f"the dataset passed has {given.num_clients} clients but the "
-                              f"sweep's config says clients={config.clients}")
-        return with_held_out(given, config)
-    key = tuple((name, repr(getattr(config, name))) for name in DATA_FIELDS) + (
-        ("data_seed", config.data_seed),)
+                              f"sweep's config says clients={spec.clients}")
+        return with_held_out(given, spec)
+    key = dataclasses.replace(spec, unseen_share=None)
     if key not in built:
-        built[key] = load_dataset(config, cache_dir)
-    held_key = key + (("unseen_share", config.unseen_share),)
-    if held_key not in built:
-        built[held_key] = with_held_out(built[key], config)
-    return built[held_key]
+        built[key] = load_dataset(key, cache_dir)
+    if spec not in built:
+        built[spec] = with_held_out(built[key], spec)
+    return built[spec]
+
+
+def member_plans(members: Sequence[Member], model: Any, transform,
+                 checkpoint_every: Optional[int]) -> dict[int, Plan]:
+    """Every member's plan (`mcfl.runs.plan.resolve`), by its index: each member is checked as
+    its own run would be, so that a grid may complete the base config (``--grid dp_noise=...``
+    with ``--dp-clip``); a refusal names the sweep point."""
+    plans = {}
+    for member in members:
+        try:
+            plans[member.index] = resolve(member.config, model, transform, checkpoint_every)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={v!r}" for k, v in member.point) or "the base config"
+            raise ConfigError(f"sweep point {where}: {e}") from None
+    return plans
+
 
 
 def _group_settings(grp: Group) -> dict[str, Any]:

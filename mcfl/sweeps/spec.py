@@ -17,7 +17,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from mcfl import settings
-from mcfl.config import OWNER, SHARED_FIELDS, RunConfig, all_keys, hint_of
+from mcfl.config import (
+    CLUSTERED_ONLY,
+    KEPT_STATE_ONLY,
+    OWNER,
+    SHARED_FIELDS,
+    RunConfig,
+    all_keys,
+    asks_nothing,
+    hint_of,
+    not_taken_by,
+)
 from mcfl.data.settings import DATA_FIELDS
 from mcfl.errors import ConfigError
 
@@ -170,14 +180,40 @@ def expand(config: RunConfig, seeds: Sequence[int], grid: Mapping[str, Sequence[
         for values in itertools.product(*(grid[n] for n in names)):
             point = tuple(zip(names, values))
             changes = dict(point)
+            if "algorithm" in changes:  # settings only some algorithms take go with them
+                keep = settings_not_taken(config, changes["algorithm"])
+            else:
+                keep = {}
             for seed in seeds:
                 try:
-                    member = config.replace(**changes, seed=seed, data_seed=data_seed)
+                    member = config.replace(**changes, **keep, seed=seed, data_seed=data_seed)
                 except ConfigError as e:
                     where = ", ".join(f"{k}={v!r}" for k, v in point) or "the base config"
                     raise ConfigError(f"sweep point {where}: {e}") from None
                 members.append(Member(len(members), member, point))
     return members
+
+
+def settings_not_taken(config: RunConfig, algorithm: str) -> dict[str, Any]:
+    """The base config's shared settings that a member of `algorithm` (on the grid) does not
+    take, at their defaults: such a member runs without them (as `RunConfig.replace` drops the
+    hyperparameters a new algorithm does not share), its clustered siblings with them."""
+    return {key: SHARED_FIELDS[key].default for key in not_taken_by(algorithm, config.bn)}
+
+
+def check_settings_taken(config: RunConfig, algorithms: Iterable[str],
+                         runs: str = "the sweep's algorithms",
+                         keys: Iterable[str] = CLUSTERED_ONLY + KEPT_STATE_ONLY) -> None:
+    """Refuse a base setting (of `keys`) that only some algorithms take when none of
+    `algorithms` (a sweep's members', a table's cells') takes it (a K on a grid of
+    single-model algorithms): it would be accepted and ignored."""
+    algorithms = set(algorithms)
+    for key in keys:
+        value = getattr(config, key)
+        if not asks_nothing(key, value) and all(key in not_taken_by(a, config.bn)
+                                                 for a in algorithms):
+            raise ConfigError(f"--{key.replace('_', '-')} {value} is taken by none of "
+                              f"{runs} ({', '.join(sorted(algorithms))})")
 
 
 def _group_key(config: RunConfig, traced: tuple[str, ...]) -> tuple:

@@ -4,21 +4,25 @@ reports, how much of its work it did, and how long the round lasts.
 A client of the round downloads the model, trains its local steps and uploads its update:
 ``seconds = 2 (model_mb / bandwidth + latency) + steps / speed`` (`client_seconds`). Then:
 
-* a client fails at random with chance P (``--client-dropout``) and sends nothing; a client
-  whose online stretch ends before it finishes goes offline and sends nothing;
+* a client fails at random with chance P (``--client-dropout``) and sends nothing (noticed at
+  once); a client whose online stretch ends before it finishes goes offline and sends nothing
+  (noticed when it goes offline: the round lasts at least until then, so the clock moves on
+  even when every sampled client goes offline);
 * with a deadline D, a client that cannot finish by D reports the steps it finished by then
   (``partial``: ``floor((D - messages) speed)`` of them, none if its messages alone pass D) or
   nothing (``drop``);
 * with over-selection (Bonawitz et al., MLSys 2019, Sec. 2.2), the first S to finish report
   and the rest are discarded.
 
-The round lasts until its last report arrives; with a deadline, until the deadline whenever
-fewer than S clients reported (the server cannot tell a failed client from a slow one, so it
-waits for the deadline). Without a deadline a failed client is noticed at once.
+The round lasts until its last report arrives (or its last client goes offline); with a
+deadline, until the deadline whenever fewer than S clients reported (the server cannot tell a
+failed client from a slow one, so it waits for the deadline). Without a deadline a client that
+fails at random is noticed at once.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -69,12 +73,26 @@ def synchronous_round(system: SystemModel, profile: Profile, clients: jax.Array,
     alive = (sampled > 0) & (done > 0)
     if system.dropout:
         alive &= jax.random.uniform(key, clients.shape) >= dropout
-    alive &= time + finish <= online_until(profile, clients, time)
+    # a client whose online stretch ends first goes offline then, its work lost: the server
+    # hears of it at that moment (not at once), so a round whose clients all go offline still
+    # lasts until the last of them does, and the clock moves on
+    until = online_until(profile, clients, time)
+    # clients always online (a static fact of the profile): no offline term in the program,
+    # which stays the one of a run without availability (its rounding too, with XLA's passes
+    # off as in the suite: tests/test_system.py checks a dropout of 0 against no system)
+    always_online = math.isinf(profile.period)
+    if always_online:
+        alive &= time + finish <= until
+    else:
+        offline = alive & (time + finish > until)
+        alive &= ~offline
     if system.over_select > 0:  # the first `target` to finish
         order = jnp.argsort(jnp.where(alive, finish, jnp.inf))
         rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
         alive &= rank < target
     last = jnp.max(jnp.where(alive, finish, 0.0))
+    if not always_online:
+        last = jnp.maximum(last, jnp.max(jnp.where(offline, until - time, 0.0)))
     seconds = last
     if deadline is not None:
         wanted = jnp.minimum(target, jnp.sum(sampled > 0))

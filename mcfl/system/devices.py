@@ -153,32 +153,35 @@ class SystemModel:
         return self.availability.kind != "always" or self.over_select > 0
 
 
-def system_model(config) -> Optional[SystemModel]:
-    """The config's `SystemModel`, or None when it sets none of its settings (the run is
-    then exactly a run without one)."""
-    if not system_given(config):
+def system_model(device_speeds: Optional[str] = None, bandwidth: Optional[str] = None,
+                 latency: float = 0.0, device_trace: Optional[str] = None,
+                 availability: str = "always", client_dropout: Optional[float] = None,
+                 deadline: Optional[float] = None, deadline_policy: str = "partial",
+                 over_select: float = 0.0) -> Optional[SystemModel]:
+    """The `SystemModel` these settings (the flags of the same names) describe, or None when
+    they describe nothing (the run is then exactly a run without one; an asynchronous server
+    runs on the default clock). Each text is parsed here; a deadline policy without a deadline
+    is refused in one line."""
+    given = (device_speeds is not None or bandwidth is not None or latency > 0
+             or device_trace is not None or availability != "always"
+             or client_dropout is not None or deadline is not None or over_select > 0)
+    if deadline is None and deadline_policy != "partial":
+        raise ConfigError(f"--deadline-policy {deadline_policy} says what a client cut by "
+                          f"--deadline does; this run sets no --deadline")
+    if not given:
         return None
     return SystemModel(
-        speeds=None if config.device_speeds is None
-        else parse_distribution(config.device_speeds, "--device-speeds"),
-        bandwidth=None if config.bandwidth is None
-        else parse_distribution(config.bandwidth, "--bandwidth"),
-        latency=float(config.latency),
-        trace=config.device_trace,
-        availability=parse_availability(config.availability),
-        dropout=config.client_dropout is not None,
-        deadline=config.deadline,
-        deadline_policy=config.deadline_policy,
-        over_select=float(config.over_select),
+        speeds=None if device_speeds is None
+        else parse_distribution(device_speeds, "--device-speeds"),
+        bandwidth=None if bandwidth is None else parse_distribution(bandwidth, "--bandwidth"),
+        latency=float(latency),
+        trace=device_trace,
+        availability=parse_availability(availability),
+        dropout=client_dropout is not None,
+        deadline=deadline,
+        deadline_policy=deadline_policy,
+        over_select=float(over_select),
     )
-
-
-def system_given(config) -> bool:
-    """Whether the config describes its clients' devices or participation at all."""
-    return (config.device_speeds is not None or config.bandwidth is not None
-            or config.latency > 0 or config.device_trace is not None
-            or config.availability != "always" or config.client_dropout is not None
-            or config.deadline is not None or config.over_select > 0)
 
 
 class Profile(flax.struct.PyTreeNode):

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mcfl.errors import ConfigError, McflError
-from mcfl.files.figures import plot_curves, title_of
+from mcfl.files.figures import plot_curves
+from mcfl.runs.folder import title_of
 from mcfl.runs.runner import RunObserver
 
 
