@@ -38,7 +38,7 @@ from mcfl.algorithms.stored import to_storage
 from mcfl.data.loaders import load_fmnist
 from mcfl.runs.embedding import embedding_for_run
 from mcfl.runs.execution import plan_run, run_keys
-from mcfl.runs.stored_program import run_program
+from mcfl.runs.program import run_program
 
 
 def dataset(clients: int, rows: int, seed: int = 0):
@@ -86,7 +86,7 @@ def peak_gib() -> float:
 def fill(program, state, clients: int) -> float:
     """Write every client's row (W_0 plus noise, in the storage dtype) as generation 1, 256 MB
     of float32 models at a time."""
-    store, layout = program.store, program.layout
+    store, layout = program.stored.rows.store, program.stored.layout
     chunk = max(1, (1 << 28) // (4 * layout.floats()))
     start = time.perf_counter()
     template = jax.tree.map(lambda w: np.asarray(w), state)  # Local's shared state: W_0
@@ -97,7 +97,7 @@ def fill(program, state, clients: int) -> float:
         rows = jax.tree.map(lambda w, count=count: (w[None] + 0.01 * rng.standard_normal(
             (count,) + w.shape, np.float32)), template)
         rows = jax.device_get(to_storage(jax.tree.map(jnp.asarray, rows),
-                                         program.algorithm.store_dtype))
+                                         program.algorithm.client_state.dtype))
         store.scatter(np.arange(lo, hi)[None], layout.pack(rows)[None], 1)
     return time.perf_counter() - start
 

@@ -22,7 +22,7 @@ from mcfl.config import CLUSTERED_ONLY
 from mcfl.files import faults
 from mcfl.files.atomic import WriteError
 from mcfl.runs import embedding
-from mcfl.runs import stored_program as store_program
+from mcfl.runs import program as store_program
 from mcfl.runs.execution import plan_run
 from mcfl.store import files as store_files
 from mcfl.store.choose import choose_store
@@ -96,6 +96,48 @@ def test_every_store_gives_the_run_the_device_gives(algorithm):
             for name, value in device.client_embedding.items():
                 np.testing.assert_allclose(run.client_embedding[name], value, rtol=1e-4,
                                            atol=1e-4, err_msg=name)
+
+
+# Who takes part beyond the algorithm's own sample: a Poisson sample (slots that report
+# nothing), and clients as they are (speeds, dropouts, and availability with over-selection,
+# whose participants depend on the clock the rounds move).
+PARTICIPATION = {
+    "poisson": dict(client_sampling="poisson"),
+    "system": dict(device_speeds="lognormal:0,1", client_dropout=0.3),
+    "clock": dict(device_speeds="uniform:1,3", availability="diurnal:20,0.5",
+                  over_select=0.5, client_dropout=0.2),
+}
+
+
+@pytest.mark.parametrize("participation", sorted(PARTICIPATION))
+def test_every_store_runs_every_participation_rule_as_the_device_does(participation):
+    """Personal models (Ditto's and Local's, rows every round writes back, but not for the
+    slots that did not report), FedRep's heads (a Poisson sample runs with the algorithms DP
+    covers) and FedSoft's (rows read by training only) in host memory and on disk give the
+    device store's run."""
+    extra = PARTICIPATION[participation]
+    algorithms = ("ditto", "fedrep") if participation == "poisson" else ("local", "fedsoft")
+    for algorithm in algorithms:
+        config = mcfl.RunConfig(algorithm=algorithm, **{**base_for(algorithm), "rounds": 4},
+                                **extra)
+        runs = {store: mcfl.run(config.replace(client_store=store))
+                for store in ("device", "host", "disk")}
+        reported = [row.get("clients_reported") for row in runs["device"].rounds]
+        assert None not in reported and min(reported) < config.clients_per_round, reported
+        for store in ("host", "disk"):
+            assert runs[store].summary["client_store"] == store
+            assert_same_rows(runs[store], runs["device"])
+            assert [c["accuracy"] for c in runs[store].clients] == pytest.approx(
+                [c["accuracy"] for c in runs["device"].clients], abs=1e-6)
+
+
+def test_a_sweep_on_disk_runs_poisson_members_as_the_device_does():
+    """The member axis on a Poisson round's present mask."""
+    config = mcfl.RunConfig(algorithm="ditto", client_sampling="poisson", **base_for("ditto"))
+    grid = {"lr": [0.02, 0.05]}
+    on_device = mcfl.sweep(config, seeds=2, grid=grid)
+    on_disk = mcfl.sweep(config.replace(client_store="disk"), seeds=2, grid=grid)
+    assert_same_rows(on_disk, on_device)
 
 
 def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):

@@ -10,8 +10,9 @@ what the Python API offers below `mcfl.run`:
   (a), `FederatedAlgorithm.participants`), their rows gathered, the round run with them in its
   `Exchange`, the trained rows scattered back.
 
-A host or disk store (`mcfl.runs.stored_program`) runs the same algorithm round on rows it reads
-itself, so both give the same numbers. `scan_rounds` runs many rounds as one `lax.scan`.
+A host or disk store (`mcfl.runs.stored_rounds`) runs the same round (`train_rows`) on
+rows it reads itself, so every store gives the same numbers. `scan_rounds` runs many rounds as
+one `lax.scan`.
 """
 
 from __future__ import annotations
@@ -83,11 +84,47 @@ def kept_rows(old, new, present):
         present.reshape((-1,) + (1,) * (n.ndim - 1)) > 0, n, o), old, new)
 
 
+def train_rows(algorithm: FederatedAlgorithm, transform: MessageTransform = IDENTITY):
+    """The round itself, on rows given to it, written once for every client store:
+    ``train(state, stored, clients, present, data, key, hp) -> (algorithm state, transform
+    state, rows to write back, metrics)``. `stored` are the `clients`' rows [S, ...] in the
+    storage dtype (None for an algorithm that keeps none), `present` which of them report
+    (None: all). The device store gathers and scatters the rows inside its jitted round
+    (`on_device`); a host or disk store hands them in and writes them back itself
+    (`mcfl.runs.stored_rounds`)."""
+    client_state = algorithm.client_state
+
+    def train(state: DeviceState, stored, clients, present, data, key, hp: Hyperparams):
+        rows = None
+        if stored is not None:
+            rows = to_training(stored, fresh_like(client_state, state.algorithm))
+        exchange = exchange_for(transform, clients, rows, state.transform, key, present)
+        new_state, metrics, exchange = algorithm.round(state.algorithm, data, key, hp,
+                                                       exchange)
+        written = None
+        if stored is not None:
+            # the participants that reported, as the round leaves it (a Poisson round's
+            # slots, the clients that dropped out: `mcfl.system`)
+            written = kept_rows(stored, to_storage(exchange.rows, client_state.dtype),
+                                exchange.present)
+        return new_state, exchange.transform_state, written, metrics
+
+    return train
+
+
+def round_participants(algorithm: FederatedAlgorithm, state, data, key, round_index
+                       ) -> tuple[jax.Array, Any]:
+    """``(clients [S], present [S] or None)`` of the round `key` (stage (a))."""
+    return split_participants(algorithm.participants(state, data, key, round_index))
+
+
 def on_device(algorithm: FederatedAlgorithm,
               transform: MessageTransform = IDENTITY) -> OnDevice:
-    """`algorithm` run with its rows and the transform's state on the device."""
+    """`algorithm` run with its rows and the transform's state on the device: the device
+    store, whose gather and scatter are inside the round (`train_rows`)."""
     client_state = algorithm.client_state
     has_rows = algorithm.rows
+    train = train_rows(algorithm, transform)
 
     def init(data, key, hp: Hyperparams) -> DeviceState:
         state = algorithm.init(data, key, hp)
@@ -98,24 +135,18 @@ def on_device(algorithm: FederatedAlgorithm,
         return DeviceState(state, rows, initial_state(transform, hp.privacy))
 
     def round_(state: DeviceState, data, key, hp: Hyperparams, round_index):
-        clients, present = split_participants(
-            algorithm.participants(state.algorithm, data, key, round_index))
-        rows = None
+        clients, present = round_participants(algorithm, state.algorithm, data, key,
+                                              round_index)
+        stored = None
         if has_rows:
             stored = jax.tree.map(lambda all_rows: all_rows[clients], state.rows)
-            rows = to_training(stored, fresh_like(client_state, state.algorithm))
-        exchange = exchange_for(transform, clients, rows, state.transform, key, present)
-        new_state, metrics, exchange = algorithm.round(state.algorithm, data, key, hp,
-                                                       exchange)
+        new_state, transform_state, written, metrics = train(state, stored, clients, present,
+                                                             data, key, hp)
         all_rows = state.rows
         if has_rows:
-            # the participants that reported, as the round leaves it (a Poisson round's
-            # slots, the clients that dropped out: `mcfl.system`)
-            new = kept_rows(stored, to_storage(exchange.rows, client_state.dtype),
-                            exchange.present)
             all_rows = jax.tree.map(lambda everyone, r: everyone.at[clients].set(r),
-                                    state.rows, new)
-        return DeviceState(new_state, all_rows, exchange.transform_state), metrics
+                                    state.rows, written)
+        return DeviceState(new_state, all_rows, transform_state), metrics
 
     return OnDevice(algorithm, init, round_)
 

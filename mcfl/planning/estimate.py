@@ -40,7 +40,7 @@ from mcfl.runs.execution import plan_run, run_keys
 from mcfl.runs.plan import resolve
 from mcfl.runs.program import footprint, round_program
 from mcfl.runs.runner import prepared_data
-from mcfl.runs.stored_program import run_program
+from mcfl.runs.program import run_program
 
 
 class ProgramEstimate(NamedTuple):

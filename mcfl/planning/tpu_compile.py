@@ -47,7 +47,7 @@ from mcfl.engine.blocks import CLIENT_AXIS
 from mcfl.errors import McflError, first_line
 from mcfl.planning.cost import Cost, Trips, program_cost
 from mcfl.runs.execution import plan_run, run_keys
-from mcfl.runs.stored_program import run_program
+from mcfl.runs.program import run_program
 
 PLATFORM = "tpu"
 
@@ -422,7 +422,7 @@ def _calls(program, name) -> tuple[str, float, int]:
     if name in ("sample", "round"):  # a host store's: one round a call
         return "round", float(program.run_plan.rounds), 1 if name == "round" else 0
     if name == "evaluate" and program.rows_kept:  # a host store's: a chunk of clients a call
-        chunks = -(-int(program.num_clients) // program._eval_chunk())
+        chunks = -(-int(program.stored.num_clients) // program.stored.eval_chunk())
         return "evaluate", float(evaluations * chunks), 0
     return "evaluate", float(evaluations), 0
 

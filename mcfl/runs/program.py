@@ -29,9 +29,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -40,15 +43,29 @@ import numpy as np
 
 from mcfl import engine
 from mcfl.algorithms import FederatedAlgorithm
-from mcfl.algorithms.device import evaluation_counts, newcomer_models, on_device, scan_rounds
+from mcfl.algorithms.device import (
+    DeviceState,
+    evaluation_counts,
+    newcomer_models,
+    on_device,
+    scan_rounds,
+)
 from mcfl.data import FederatedDataset
 from mcfl.engine.newcomers import most_confident
+from mcfl.errors import ConfigError
 from mcfl.runs.evaluation import ClientMetrics, client_metrics
 from mcfl.runs.execution import RunPlan
 from mcfl.runs.loop import round_chunks
 from mcfl.runs.plan import Plan
+from mcfl.runs.stored_rounds import Lifted, StoredRounds, StorePlace
+from mcfl.runtime import distributed
+from mcfl.store import FOLDER as STORE_FOLDER
+from mcfl.store.choose import StoreChoice, choose_store
+from mcfl.store.start import streamed_start
+from mcfl.transforms import initial_state
 
 MEMBER_AXIS = "members"
+ON_DEVICE = StorePlace()  # the client rows in the run's state on the device
 
 
 def evaluate(algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn,
@@ -121,7 +138,10 @@ class RoundProgram:
 
     def __init__(self, plan: Plan, run_plan: RunPlan, traced: Sequence[str] = (),
                  members: bool = False, mesh: Optional[jax.sharding.Mesh] = None,
-                 width: Optional[int] = None, jit_options: Optional[dict] = None):
+                 width: Optional[int] = None, jit_options: Optional[dict] = None,
+                 place: StorePlace = ON_DEVICE):
+        if place.kind != "device":  # rows read and written by the host: one round a call
+            run_plan = run_plan._replace(scan_rounds=False)
         self.plan, self.run_plan, self.traced, self.members = (plan, run_plan, tuple(traced),
                                                                members)
         transform = plan.transform
@@ -143,7 +163,11 @@ class RoundProgram:
             return plan.hyperparams(model, values, run_plan.privacy)
 
         def init(values, init_key, data):
-            return device.init(data, init_key, hp(values))
+            if place.kind == "device":
+                return device.init(data, init_key, hp(values))
+            params = hp(values)  # (the rows start in the store: none on the device)
+            return DeviceState(algorithm.init(data, init_key, params), None,
+                               initial_state(transform, params.privacy))
 
         def rounds(count, values, state, data, rounds_key, first):
             if scanned:
@@ -185,6 +209,13 @@ class RoundProgram:
                         for count in sorted({count for _, count in self.chunks})}
         # name -> (the signature of the arguments it was compiled for, the executable)
         self._compiled: dict[Any, tuple[Any, Any]] = {}
+        self.stored: Optional[StoredRounds] = None  # the rows in a host or disk store
+        if place.kind != "device":
+            system = plan.participation.system
+            self.stored = StoredRounds(
+                algorithm, transform, self.hyperparams, model, run_plan.eval_block, place,
+                members, Lifted(lift, jit_options),
+                reads_state=system is not None and system.samples_itself)
 
     def hyperparams(self, values, private: bool = True):
         """The algorithm's hyperparameters (`Hyperparams`) for the traced `values`, with DP's
@@ -213,20 +244,29 @@ class RoundProgram:
 
     def compile_rounds(self, values, state, rounds_keys, data) -> Optional[int]:
         """Compile the rounds of every chunk length and the evaluation for a state like
-        `state` (a state itself: its shardings are kept); the largest footprint of all."""
+        `state` (a state itself: its shardings are kept); the largest footprint of all (None
+        for rows in a store, or when the backend cannot say)."""
         self._lower_and_compile(self.round_programs(values, state, rounds_keys, data))
+        if self.rows_kept:
+            return None
         sizes = [footprint(compiled) for _, compiled in self._compiled.values()]
         return None if None in sizes else max(sizes)
 
     def init_programs(self, values, init_keys, data) -> dict[Any, tuple[Callable, tuple]]:
         """The initialisation to compile, by name: {name: (jitted function, arguments)}
-        (what `compile_init` compiles here and `mcfl.planning.tpu_compile` for a TPU)."""
+        (what `compile_init` compiles here and `mcfl.planning.tpu_compile` for a TPU; a start
+        streamed through a store compiles its programs as it streams)."""
+        if self.start_streamed:
+            return {}
         return {"init": (self._init, (values, init_keys, data))}
 
     def round_programs(self, values, state, rounds_keys, data
                        ) -> dict[Any, tuple[Callable, tuple]]:
         """The rounds of every chunk length (by their count) and the evaluation, for a state
-        like `state`: {name: (jitted function, arguments)}."""
+        like `state`: {name: (jitted function, arguments)}; with the rows in a store, its
+        programs (`StoredRounds.round_programs`)."""
+        if self.rows_kept:
+            return self.stored.round_programs(values, state, rounds_keys, data)
         first = jnp.asarray(1, jnp.int32)
         programs = {count: (fn, (values, state, data, rounds_keys, first))
                     for count, fn in self._rounds.items()}
@@ -243,6 +283,9 @@ class RoundProgram:
         lowered = {name: (fn.lower(*args), sig) for name, (fn, args, sig) in todo.items()}
         self._compiled.update({name: (sig, lo.compile()) for name, (lo, sig) in lowered.items()})
         self.compile_seconds += time.perf_counter() - start
+
+    def _executables(self) -> dict[Any, Any]:
+        return {name: executable for name, (_, executable) in self._compiled.items()}
 
     def working_bytes(self, init: bool) -> Optional[int]:
         """The most bytes the compiled initialisation (`init`), or else one of the compiled
@@ -264,16 +307,34 @@ class RoundProgram:
         return max(sizes, default=None)
 
     def init(self, values, init_keys, data):
-        """The initial state, computed (waited for, so that no round counts its time)."""
-        return jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
+        """The initial state, computed (waited for, so that no round counts its time); with
+        the rows in a store, the store made for it."""
+        if self.start_streamed:
+            members = int(np.shape(jax.random.key_data(init_keys))[0]) if self.members else 1
+            return streamed_start(self.stored, values, init_keys, data, members)
+        state = jax.block_until_ready(self._compiled["init"][1](values, init_keys, data))
+        if self.rows_kept:
+            members = int(np.shape(jax.random.key_data(init_keys))[0]) if self.members else 1
+            self.stored.started(state, data, members)
+        return state
 
     def initial_state(self, values, init_keys, data, resuming: bool = False):
         """`init`'s state; for a run about to restore a checkpoint, what the restore needs of
-        it (here the state itself: a device program's init is cheap next to its rounds)."""
-        return self.init(values, init_keys, data)
+        it: the state itself (a device program's init is cheap next to its rounds), or for a
+        start streamed through a store, which trains every client, only the state's shapes,
+        dtypes and placement."""
+        if not (resuming and self.start_streamed):
+            return self.init(values, init_keys, data)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                            jax.eval_shape(self._init, values, init_keys, data))
 
     def rounds(self, count: int, values, state, data, rounds_keys, first: int):
         """(new state, metrics as NumPy arrays [count], or [M, count] with members)."""
+        if self.rows_kept:
+            assert count == 1, "a host or disk store runs round by round"
+            return self.stored.round(self._executables(), values, state, data, rounds_keys,
+                                     first, self.run_plan.rounds)
         with warnings.catch_warnings():
             # Buffers of state parts an algorithm rebuilds cannot be reused; that is fine.
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -283,6 +344,8 @@ class RoundProgram:
 
     def evaluate(self, values, state, data):
         """(counts, test_counts, assignments or None) on the host."""
+        if self.rows_kept:
+            return self.stored.evaluate(self._executables(), state, data)
         return jax.device_get(self._compiled["evaluate"][1](values, state, data))
 
     def evaluate_unseen(self, values, state, data, unseen):
@@ -291,25 +354,45 @@ class RoundProgram:
         serve a client that never trained."""
         return jax.device_get(self._evaluate_unseen(values, state, data, unseen))
 
-    rows_kept = False  # client rows in a host or disk store (`StoredProgram`)
-    start_streamed = False  # init trains every client through a host or disk store
+    @property
+    def rows_kept(self) -> bool:
+        """Whether the client rows live in a host or disk store (`StoredRounds`)."""
+        return self.stored is not None and self.stored.rows_kept
 
-    # What a checkpoint saves and restores beyond the state: nothing here; a client store's
-    # manifest for `mcfl.runs.stored_program.StoredProgram`.
+    @property
+    def start_streamed(self) -> bool:
+        """Whether `init` is a population start through a host or disk store (FeSEM,
+        Robust), after which the rounds run on the device."""
+        return self.stored is not None and not self.stored.rows_kept
+
+    @property
+    def store_kind(self) -> str:
+        return "device" if self.stored is None else self.stored.kind
+
+    # What a checkpoint saves and restores beyond the state: a client store's manifest.
     def checkpoint_state(self, round_: int, state):
-        return state
+        return self.stored.checkpoint_state(round_, state) if self.rows_kept else state
 
     def checkpointed(self) -> None:
         """The checkpoint `checkpoint_state` gave was saved."""
+        if self.rows_kept:
+            self.stored.checkpointed()
 
     def checkpoint_template(self, state):
-        return state
+        return self.stored.checkpoint_template(state) if self.rows_kept else state
 
     def restored(self, saved):
-        return saved
+        return self.stored.restored(saved) if self.rows_kept else saved
+
+    def move_to(self, folder) -> None:
+        """The run folder moved (a replaced run swapped in): a store in it moves too."""
+        if self.stored is not None:
+            self.stored.move_to(folder)
 
     def close(self) -> None:
-        """The run is over: nothing in flight remains."""
+        """The run is over: nothing in flight remains (a temporary store folder is gone)."""
+        if self.stored is not None:
+            self.stored.close()
 
     def algorithm_state(self, state):
         """The algorithm's state (`FederatedAlgorithm`) from the program's."""
@@ -371,3 +454,37 @@ def _module_key(module) -> Any:
 def forget_programs() -> None:
     """Drop the programs `round_program` keeps."""
     _PROGRAMS.clear()
+
+
+def run_program(plan: Plan, run_plan: RunPlan, data, run_dir: Optional[Path],
+                jit_options: Optional[dict] = None, members: bool = False, traced=(),
+                member_count: int = 1, mesh=None, width=None,
+                accelerator_free: Optional[int] = None) -> tuple[RoundProgram, StoreChoice]:
+    """The program of `plan` with the client store it asks for (a disk store in
+    ``run_dir/client_store``, or without a run folder a temporary folder the program removes
+    when closed), and the store chosen. `accelerator_free`: the memory of an accelerator the
+    run is planned for (`choose_store`)."""
+    device = round_program(plan, run_plan, data, traced, members, mesh, width, jit_options)
+    choice = choose_store(plan.execution.client_store, device.algorithm, plan.algorithm.name,
+                          plan.hyperparams(run_plan.model), data, member_count,
+                          accelerator_free)
+    if choice.kind == "device":
+        return device, choice
+    if distributed.process_count() > 1:
+        raise ConfigError(f"client_store={choice.kind!r} ({choice.reason}) runs in one "
+                          f"process; a multi-process run keeps client state on the devices")
+    temporary = run_dir is None and choice.kind == "disk"
+    folder = (Path(tempfile.mkdtemp(prefix="mcfl-store-")) if temporary
+              else None if run_dir is None else Path(run_dir) / STORE_FOLDER)
+    if run_plan.scan_rounds:
+        choice = choice._replace(reason=f"{choice.reason}; its rounds run one at a time "
+                                 f"(scan_rounds needs the client state on the device)")
+    program = RoundProgram(plan, run_plan, traced, members, mesh, width, jit_options,
+                           StorePlace(choice.kind, folder, temporary))
+    return program, choice
+
+
+def announce(choice: StoreChoice) -> None:
+    """Say on stderr which store a run uses and why, unless it is the device."""
+    if choice.kind != "device":
+        print(f"mcfl: client store: {choice.kind} ({choice.reason})", file=sys.stderr)

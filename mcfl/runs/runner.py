@@ -47,7 +47,7 @@ from mcfl.runs.plan import Plan, resolve
 from mcfl.runs.program import RoundProgram
 from mcfl.runs.records import MemberRecord
 from mcfl.runs.resume import restore, resume_settings, resumed_config
-from mcfl.runs.stored_program import announce, run_program
+from mcfl.runs.program import announce, run_program
 from mcfl.runtime import distributed, memory
 from mcfl.store import FOLDER as STORE_FOLDER
 from mcfl.transforms import MessageTransform
@@ -478,7 +478,8 @@ def _embedding(program: RoundProgram, store_kind: str, plan: Plan, state, data,
     run_plan = program.run_plan
     found, _ = embedding_for_run(
         program.algorithm, hp.training, plan.evaluation.embed_clients, run_plan.params_count,
-        store_kind, getattr(program, "folder", None), program.algorithm_state(state), data,
+        store_kind, None if program.stored is None else program.stored.folder,
+        program.algorithm_state(state), data,
         jax.random.fold_in(rounds_key, plan.rounds + 1), run_plan.train_block)
     found = jax.device_get(found)
     clients = np.asarray(found.clients)

@@ -2,7 +2,8 @@
 (the device's rows are part of the run's state, `mcfl.algorithms.device`): host memory or disk
 (`stores`, one file per client and generation in `files`, rows packed as bytes by `layout`),
 which store a run uses and why (`choose`), and a population start streamed through one
-(`start`). `mcfl.runs.stored_program` runs a round program with one.
+(`start`). `rows` moves their rows to and from a round program's rounds
+(`mcfl.runs.stored_rounds`).
 """
 
 FOLDER = "client_store"  # in a run's folder

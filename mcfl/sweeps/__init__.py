@@ -31,10 +31,9 @@ from mcfl.models.build import model_label
 from mcfl.runs.execution import client_mesh, plan_run
 from mcfl.runs.loop import LoopHooks, run_rounds
 from mcfl.runs.plan import Plan, resolve
-from mcfl.runs.program import RoundProgram, member_mesh
+from mcfl.runs.program import RoundProgram, member_mesh, run_program
 from mcfl.runs.records import MemberRecord
 from mcfl.runs.resume import differences
-from mcfl.runs.stored_program import run_program
 from mcfl.runtime import distributed
 from mcfl.sweeps import folder as sweep_folder
 from mcfl.sweeps import tables
