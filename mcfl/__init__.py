@@ -12,17 +12,15 @@ data. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such a
 `mcfl.apps`.
 """
 
-from mcfl.runtime.libtpu_environment import quiet_libtpu_without_tpu
-
-quiet_libtpu_without_tpu()  # before JAX starts a backend (mcfl.runtime.libtpu_environment)
-
-from mcfl import algorithms, data, models, tracking, transforms  # noqa: E402
-from mcfl.algorithms.device import scan_rounds  # noqa: E402
-from mcfl.config import RunConfig, from_dict, load_file  # noqa: E402
-from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError  # noqa: E402
-from mcfl.runs.plan import Plan, resolve  # noqa: E402
-from mcfl.runs.runner import RunObserver, RunResult, load_dataset, run  # noqa: E402
-from mcfl.sweeps import SweepResult, sweep  # noqa: E402
+# Importing mcfl changes nothing in the process's environment (tests/test_structure.py): the
+# command line quiets libtpu itself (mcfl.apps.libtpu_environment).
+from mcfl import algorithms, data, models, tracking, transforms
+from mcfl.algorithms.device import scan_rounds
+from mcfl.config import RunConfig, from_dict, load_file
+from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
+from mcfl.runs.plan import Plan, resolve
+from mcfl.runs.runner import RunObserver, RunResult, load_dataset, run
+from mcfl.sweeps import SweepResult, sweep
 
 __version__ = "0.1.0"
 

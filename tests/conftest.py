@@ -32,8 +32,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mcfl.apps.libtpu_environment import quiet_libtpu_without_tpu
 from mcfl.data.federated import from_splits
 from mcfl.runtime import compile_cache
+
+# With the TPU compiler installed (the test extra) and no TPU chips here, libtpu's placeholder
+# environment keeps its start-up lines off the output and lets the workers (and their
+# subprocesses, which inherit it) compile at once. The `mcfl` program names it itself;
+# `import mcfl` does not (mcfl.apps.libtpu_environment), so the session names it here, before
+# any JAX backend starts.
+quiet_libtpu_without_tpu()
 
 # The CLI caches prepared datasets by default: keep the tests' cache out of the home folder.
 # One cache for the whole session: made by the first process (pytest's controller, before it

@@ -4,6 +4,8 @@ command line's errors. Tiny sizes (20 clients, 2 rounds, MCLR) to stay fast."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -79,6 +81,34 @@ def test_a_point_over_its_timeout_or_killed_is_a_failure():
     assert record["status"] == "failed" and record["error"] == "timed out after 0.2 s"
     assert bench.failure_message(-9, "") == "killed by SIGKILL (out of memory?)"
     assert bench.failure_message(1, "Traceback\n  ...\nValueError: bad\n") == "ValueError: bad"
+
+
+@pytest.mark.parametrize("turned_off", [None, "--no-compile-cache", "MCFL_NO_COMPILE_CACHE"])
+def test_the_compile_cache_choice_reaches_each_child_on_its_command_line(tmp_path, monkeypatch,
+                                                                        turned_off):
+    """`mcfl bench --no-compile-cache` (or MCFL_NO_COMPILE_CACHE=1, read by the command line)
+    hands each child point its own --no-compile-cache; this process's environment is left as
+    it was (the children are not run here: their command lines are recorded)."""
+    commands = []
+
+    def recorded(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 1, "", "ValueError: not run here")
+
+    monkeypatch.setattr(bench.subprocess, "run", recorded)
+    monkeypatch.delenv("MCFL_NO_COMPILE_CACHE", raising=False)
+    argv = ["bench", "--algorithms", "fedavg", "--models", "mclr", "--clients", "20",
+            "--rounds", "2", "--out", str(tmp_path)]
+    if turned_off == "--no-compile-cache":
+        argv.append(turned_off)
+    elif turned_off:
+        monkeypatch.setenv(turned_off, "1")
+    before = dict(os.environ)
+    assert main(argv) == 0
+    assert dict(os.environ) == before
+    assert len(commands) == 2  # fedavg and the clustering step
+    assert all(("--no-compile-cache" in command) == (turned_off is not None)
+               for command in commands)
 
 
 def test_the_default_sweep_runs_the_mlp_up_to_10000_clients():

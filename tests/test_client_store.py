@@ -19,15 +19,17 @@ import mcfl
 from mcfl.algorithms import registry
 from mcfl.apps.cli import main
 from mcfl.config import CLUSTERED_ONLY
-from mcfl.files import faults
 from mcfl.files.atomic import WriteError
+from mcfl.files.faults import FaultPlan
 from mcfl.runs import embedding
 from mcfl.runs import program as store_program
 from mcfl.runs.execution import plan_run
+from mcfl.runtime import memory
 from mcfl.store import files as store_files
 from mcfl.store.choose import choose_store
 from mcfl.store.layout import RowLayout
 from mcfl.store.stores import DiskStore, HostStore
+from tests.fault_driver import mcfl_killed_at
 from tests.test_checkpoint import SignalAt, assert_same_run
 
 # Two planted groups (digits, rotated): clusterings without ties of exactly equal cost, which
@@ -188,7 +190,7 @@ def test_a_sweep_keeps_its_members_rows_in_one_store():
     assert_same_rows(on_disk, on_device)
 
 
-def test_auto_keeps_what_fits_on_the_device_and_goes_to_disk_otherwise(monkeypatch):
+def test_auto_keeps_what_fits_on_the_device_and_goes_to_disk_otherwise():
     dataset = mcfl.load_dataset(mcfl.RunConfig(algorithm="local", **base_for("local")))
     config = mcfl.RunConfig(algorithm="local", **base_for("local"))
     resolved = mcfl.resolve(config)
@@ -198,8 +200,8 @@ def test_auto_keeps_what_fits_on_the_device_and_goes_to_disk_otherwise(monkeypat
     row_bytes = 4 * plan.params_count
     choice = choose_store("auto", algorithm, "local", hp, dataset.arrays)
     assert (choice.kind, choice.stored_bytes) == ("device", 12 * row_bytes)
-    monkeypatch.setenv("MCFL_MEMORY_LIMIT", str(12 * row_bytes))  # more than half of it
-    choice = choose_store("auto", algorithm, "local", hp, dataset.arrays)
+    with memory.limited(12 * row_bytes):  # more than half of it
+        choice = choose_store("auto", algorithm, "local", hp, dataset.arrays)
     assert choice.kind == "disk" and "more than half" in choice.reason
     fedavg = mcfl.resolve(config.replace(algorithm="fedavg")).build_algorithm(
         plan.model, plan.clients_per_round)
@@ -355,18 +357,17 @@ def _csv_rows(folder):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("kill_at", ["store_write:9", "store_write:17:1"])
+@pytest.mark.parametrize("kill_at", [FaultPlan("store_write", 9),
+                                     FaultPlan("store_write", 17, delay_ms=1)])
 def test_kill_during_a_round_then_resume_equals_the_uninterrupted_run(whole, tmp_path, kill_at):
     """SIGKILL while a round's rows are being written (the 9th row file: round 3, after the
     checkpoint of round 2; or 1 ms into the 17th), then --resume."""
     out = tmp_path / "cut"
-    env = {**os.environ, faults.VARIABLE: kill_at}
-    command = [sys.executable, "-m", "mcfl", "run", *FLAGS, "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    command = mcfl_killed_at(kill_at, "run", *FLAGS, "--out", str(out))
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == -9, done.stderr[-2000:]
-    env.pop(faults.VARIABLE)
     done = subprocess.run([sys.executable, "-m", "mcfl", "run", "--resume", str(out)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert_same_run(whole, out)
     # only rows the last checkpoint names are left

@@ -19,11 +19,14 @@ import time
 
 import numpy as np
 import pytest
+from fault_driver import mcfl_killed_at
 from test_checkpoint import SignalAt, assert_same_run
 
 import mcfl
+from mcfl.apps import user_environment
 from mcfl.apps.cli import main
 from mcfl.files import checkpoint, faults
+from mcfl.files.faults import FaultPlan
 from mcfl.files.run_folder import run_status
 from mcfl.runtime import memory
 
@@ -60,11 +63,11 @@ def _assert_whole_files(folder):
             json.loads((folder / name).read_text())
 
 
-def _run_to_the_end(out, env=None):
+def _run_to_the_end(out):
     """Resume (or start again, if the kill came before run.json) until the run completes."""
     command = (_command("--resume", str(out)) if (out / "run.json").exists()
                else _command(*FLAGS, "--out", str(out)))
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -82,7 +85,6 @@ def test_kills_at_random_points_each_resume_to_the_uninterrupted_run(whole, tmp_
     a new run."""
     rng = np.random.default_rng(22)
     out = tmp_path / "cut"
-    env = {k: v for k, v in os.environ.items() if k != faults.VARIABLE}
     landed: collections.Counter = collections.Counter()
     # The windows the issue names first (a checkpoint's first, while a fresh run still has
     # checkpoints ahead: after a kill in the final window, a resume writes none), then random
@@ -96,18 +98,18 @@ def test_kills_at_random_points_each_resume_to_the_uninterrupted_run(whole, tmp_
             name = str(rng.choice(["row", "checkpoint", "replace", "finished", "timer"]))
             count = int(rng.integers(1, {"row": 8, "checkpoint": 4, "replace": 5}.get(name, 2)))
             delay = int(rng.choice([0, rng.integers(1, 30)])) if name == "checkpoint" else 0
-        command = (_command("--resume", str(out)) if (out / "run.json").exists()
-                   else _command(*FLAGS, "--out", str(out)))
+        args = (["--resume", str(out)] if (out / "run.json").exists()
+                else [*FLAGS, "--out", str(out)])
         if name == "timer":
-            child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+            child = subprocess.Popen(_command(*args), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
             time.sleep(float(rng.uniform(0.5, 3.0)))
             child.send_signal(signal.SIGKILL)
             stderr = child.communicate(timeout=60)[1]
             returncode = child.returncode
         else:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                                  env={**env, faults.VARIABLE: f"{name}:{count}:{delay}"})
+            done = subprocess.run(mcfl_killed_at(FaultPlan(name, count, delay), "run", *args),
+                                  capture_output=True, text=True, timeout=300)
             returncode, stderr = done.returncode, done.stderr
         if returncode == -signal.SIGKILL:
             landed[name] += 1
@@ -121,10 +123,44 @@ def test_kills_at_random_points_each_resume_to_the_uninterrupted_run(whole, tmp_
         assert_same_run(whole, out)
         completed += 1
         shutil.rmtree(out)
-    _run_to_the_end(out, env)
+    _run_to_the_end(out)
     assert_same_run(whole, out)
     assert landed["finished"] >= 1 and landed["checkpoint"] >= 1 and landed["replace"] >= 1
     print(f"kills: {dict(landed)}; runs completed between kills: {completed}")
+
+
+def test_a_fault_kills_at_the_nth_pass_of_its_point_only_while_installed(monkeypatch):
+    """The hook itself, with the kill recorded instead: the `count`-th pass of the named point
+    (other points do not count), once; after `delay_ms` from a timer; nothing once `kill_at`'s
+    block ends or after `clear`, and nothing read from the environment."""
+    kills = []
+    monkeypatch.setattr(faults, "_kill", lambda: kills.append(time.perf_counter()))
+    monkeypatch.setenv("MCFL_KILL_AT", "row:1")  # the old variable: no longer read
+    faults.point("row")
+    assert kills == []
+    with faults.kill_at("row", 3) as plan:
+        assert plan == FaultPlan("row", 3, 0.0)
+        for name in ("row", "checkpoint", "row", "checkpoint"):
+            faults.point(name)
+        assert kills == []
+        faults.point("row")
+        faults.point("row")
+        assert len(kills) == 1
+    faults.point("row")
+    assert len(kills) == 1
+    faults.install(FaultPlan("checkpoint", 1, delay_ms=50))
+    started = time.perf_counter()
+    faults.point("checkpoint")
+    assert len(kills) == 1  # not yet: 50 ms later
+    deadline = time.monotonic() + 10
+    while len(kills) == 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(kills) == 2 and kills[1] - started >= 0.045
+    faults.clear()
+    faults.point("checkpoint")
+    assert len(kills) == 2
+    with pytest.raises(ValueError, match="n-th pass"):
+        faults.install(FaultPlan("row", 0))
 
 
 def _write_fault(monkeypatch, site: str, code: int, nth: int):
@@ -283,18 +319,17 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(whole, t
     assert "training diverged" in err and f"the run it was to replace in '{out}' is kept" in err
     unchanged()
     # Killed before its first checkpoint: the old run stands, the staging folder goes.
-    env = {**os.environ, faults.VARIABLE: "row:1"}
-    killed = subprocess.run(_command(*FLAGS, "--seed", "3", "--out", str(out), "--overwrite"),
-                            env=env, capture_output=True)
+    killed = subprocess.run(mcfl_killed_at(FaultPlan("row", 1), "run", *FLAGS, "--seed", "3",
+                                           "--out", str(out), "--overwrite"),
+                            capture_output=True)
     assert killed.returncode == -signal.SIGKILL
     assert (tmp_path / ".run.mcfl-new").is_dir()
     assert main(["run", *FLAGS, "--out", str(out)]) == 2  # still holds the (old) run
     assert "already holds a run" in capsys.readouterr().err
     unchanged()
     # Killed halfway through the swap: resuming finishes the swap, then the run.
-    env = {**os.environ, faults.VARIABLE: "swap:2"}
-    killed = subprocess.run(_command(*FLAGS, "--out", str(out), "--overwrite"), env=env,
-                            capture_output=True)
+    killed = subprocess.run(mcfl_killed_at(FaultPlan("swap", 2), "run", *FLAGS, "--out",
+                                           str(out), "--overwrite"), capture_output=True)
     assert killed.returncode == -signal.SIGKILL
     assert (out / ".mcfl-replacing").is_file()
     assert main(["run", "--resume", str(out)]) == 0
@@ -402,6 +437,28 @@ def test_out_of_memory_errors_are_one_line():
     assert memory.parse_size("512M") == 512 * 2**20
     with pytest.raises(mcfl.ConfigError, match="is not a size in bytes"):
         memory.parse_size("lots")
+
+
+def test_a_memory_limit_holds_inside_its_block_and_the_command_line_reads_the_variable(
+        monkeypatch, capsys, tmp_path):
+    """`memory.limited` sets the budget for its block only; MCFL_MEMORY_LIMIT is the command
+    line's (read by mcfl.apps.user_environment and handed to `limited`), not read by the
+    library, and a value that is no size is one line from the command line."""
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1M")
+    assert memory.host_available() > 2**20  # the library does not read the variable
+    assert user_environment.memory_limit() == 2**20
+    with memory.limited("12M") as limit:
+        assert limit == 12 * 2**20 and memory.host_available() == limit
+        assert memory.device_available(resident=2**20) <= 11 * 2**20
+        with memory.limited(None):
+            assert memory.host_available() > 12 * 2**20
+        assert memory.host_available() == limit
+    assert memory.host_available() > 2**20
+    monkeypatch.setenv(memory.LIMIT_VARIABLE, "lots")
+    assert main(["run", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == "mcfl: error: MCFL_MEMORY_LIMIT='lots' is not a size in bytes (e.g. 8G, " \
+                  "512M, 1e9)\n" and not (tmp_path / "run").exists()
 
 
 def test_more_devices_are_advised_only_where_the_run_leaves_some(monkeypatch):

@@ -194,7 +194,8 @@ def test_a_run_whose_data_cannot_fit_is_planned_from_its_config_alone(tmp_path, 
     """`mcfl plan` sizes the data from the config before building anything: for data that
     cannot fit it prints their estimate against the memory here and on each target, and
     refuses as `mcfl run` does (the same line, exit code 2), instead of an out-of-memory
-    error after a long build."""
+    error after a long build. (The commands take the limit from MCFL_MEMORY_LIMIT, the
+    library calls from `memory.limited`.)"""
     monkeypatch.setenv(memory.LIMIT_VARIABLE, "1G")
 
     def built(*args, **kwargs):
@@ -206,7 +207,8 @@ def test_a_run_whose_data_cannot_fit_is_planned_from_its_config_alone(tmp_path, 
     argv = ["plan", "--clients", "100000000", "--no-cache", "--target", "cpu-here,h200"]
     assert main(argv) == 2
     planned = capsys.readouterr()
-    fit = memory.data_fit(mcfl.resolve(RunConfig(clients=100_000_000)).data)
+    with memory.limited("1G"):
+        fit = memory.data_fit(mcfl.resolve(RunConfig(clients=100_000_000)).data)
     assert not fit.fits and fit.host > 10**12  # terabytes: Synthetic's mean client has ~450 rows
     lines = planned.out.splitlines()
     assert lines[0].startswith("fedavg on synthetic: 100,000,000 clients")
@@ -233,7 +235,7 @@ def test_a_run_whose_data_cannot_fit_is_planned_from_its_config_alone(tmp_path, 
 def test_estimate_run_refuses_data_too_large_before_building_them(monkeypatch):
     """`estimate_run` (mcfl plan's library call) refuses data too large as `mcfl.run` does,
     before loading them."""
-    monkeypatch.setenv(memory.LIMIT_VARIABLE, "1M")
     monkeypatch.setattr(runner, "load_data", lambda *a: pytest.fail("data were built"))
-    with pytest.raises(McflError, match="synthetic with 100,000 clients needs about"):
+    refused = "synthetic with 100,000 clients needs about"
+    with memory.limited("1M"), pytest.raises(McflError, match=refused):
         estimate_run(RunConfig(clients=100_000), compile=False)

@@ -7,6 +7,9 @@ interface kept small. (Modules are split by job, not by a line count.)"""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "mcfl"
@@ -251,3 +254,111 @@ def test_the_config_check_sees_each_way_of_reading_a_config(tmp_path):
     assert sorted(f.split(" (")[0] for f in found) == sorted([
         "imports mcfl.config", "imports mcfl.config", "takes a parameter config",
         "names RunConfig in an annotation"])
+
+
+# The environment variables read below the command line (mcfl/apps/, which reads the rest for
+# its user and passes them on as arguments): the documented defaults of the data and tracker
+# locations, for Python callers too; and MLflow's file-store switch, which MLflow takes from
+# the environment only (set while the tracker makes its client and unset again:
+# mcfl.tracking.mlflow_runs).
+ENVIRONMENT_READS = {
+    ("data/cache.py", "MCFL_CACHE_DIR"),
+    ("data/tfds_source.py", "TFDS_DATA_DIR"),
+    ("tracking/wandb_runs.py", "WANDB_PROJECT"),
+    ("tracking/mlflow_runs.py", "MLFLOW_TRACKING_URI"),
+    ("tracking/mlflow_runs.py", "MLFLOW_EXPERIMENT_NAME"),
+    ("tracking/mlflow_runs.py", "MLFLOW_ALLOW_FILE_STORE"),
+}
+ENVIRONMENT_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(path: Path) -> list[tuple[str, int]]:
+    """(variable, line) of each use of the process's environment in the module at `path`:
+    ``os.environ`` / ``os.getenv`` ... however used (the variable's name from a string, or from
+    a module-level string constant; "?" where the code does not name one)."""
+    tree = ast.parse(path.read_text())
+    constants = {target.id: node.value.value for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def named(node) -> str:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in constants:
+            return constants[node.id]
+        if isinstance(node, ast.Attribute) and node.attr in constants:  # module.CONSTANT
+            return constants[node.attr]
+        return "?"
+
+    def variable(use) -> str:
+        parent = parents.get(use)
+        if isinstance(parent, ast.Subscript):  # os.environ[NAME]
+            return named(parent.slice)
+        if isinstance(parent, ast.Call) and parent.func is use and parent.args:  # getenv(NAME)
+            return named(parent.args[0])
+        if isinstance(parent, ast.Attribute):  # os.environ.get / setdefault / pop (NAME)
+            call = parents.get(parent)
+            if isinstance(call, ast.Call) and call.args:
+                return named(call.args[0])
+        if isinstance(parent, ast.Compare):  # NAME in os.environ
+            return named(parent.left)
+        return "?"
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                alias.name in ENVIRONMENT_NAMES for alias in node.names):
+            found.append(("? (imported from os)", node.lineno))
+        elif (isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT_NAMES
+              and isinstance(node.value, ast.Name) and node.value.id == "os"):
+            found.append((variable(node), node.lineno))
+    return sorted(found, key=lambda use: use[1])
+
+
+def test_only_the_command_line_reads_the_environment():
+    """Inputs are arguments (issue 57): below mcfl/apps/ nothing reads or writes the process's
+    environment except the variables `ENVIRONMENT_READS` allows, each in its own module; fault
+    injection, the compilation cache's switch and the memory limit are arguments or calls."""
+    offending, seen = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith("apps/"):
+            continue
+        for variable, line in environment_uses(path):
+            seen.add((where, variable))
+            if (where, variable) not in ENVIRONMENT_READS:
+                offending.append(f"{where}:{line} {variable}")
+    assert offending == []
+    assert seen == ENVIRONMENT_READS  # (an entry no longer needed goes)
+
+
+def test_the_environment_check_sees_each_way_of_reading_it(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import os\nfrom os import environ\nNAME = 'B'\n\n"
+                    "def f(env):\n    a = os.environ['A']\n    b = os.environ.get(NAME)\n"
+                    "    c = os.getenv('C', '')\n    d = 'D' in os.environ\n"
+                    "    os.environ.setdefault('E', '1')\n    os.environ.update(env)\n"
+                    "    return dict(os.environ)\n")
+    assert environment_uses(path) == [("? (imported from os)", 2), ("A", 6), ("B", 7),
+                                      ("C", 8), ("D", 9), ("E", 10), ("?", 11), ("?", 12)]
+
+
+def test_importing_mcfl_leaves_the_environment_as_it_was():
+    """`import mcfl` (and its command line's module) writes nothing into os.environ, in a
+    process of its own (the import is what is tested), without the libtpu placeholder the
+    session names (tests/conftest.py; the `mcfl` program names it as it starts). JAX writes
+    a few variables of its own as it is imported (TF_CPP_MIN_LOG_LEVEL; with libtpu,
+    TPU_LIBRARY_PATH and TPU_SKIP_MDS_QUERY): the environment is compared after that."""
+    from mcfl.apps.libtpu_environment import PLACEHOLDER
+
+    env = {k: v for k, v in os.environ.items() if k not in PLACEHOLDER}
+    code = ("import os, json; import jax; before = dict(os.environ); import mcfl, "
+            "mcfl.apps.cli, mcfl.tracking; after = dict(os.environ); print(json.dumps("
+            "{k: [before.get(k), after.get(k)] for k in set(before) | set(after) "
+            "if before.get(k) != after.get(k)}))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "{}"

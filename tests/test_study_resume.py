@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from fault_driver import mcfl_killed_at, python_killed_at
 
 import mcfl
 from mcfl import reproduce
@@ -23,6 +24,7 @@ from mcfl.apps.cli import main
 from mcfl.config import from_dict
 from mcfl.errors import McflError
 from mcfl.files import kinds
+from mcfl.files.faults import FaultPlan
 
 # 4 members (2 grid points x 2 seeds) in chunks of 2, 6 rounds, a checkpoint every 2 rounds:
 # chunk 1 passes the fault point "checkpoint" 3 times, chunk 2 again from the 4th.
@@ -58,10 +60,10 @@ def _files(folder):
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _killed(command, kill_at, cwd=None):
-    env = {**os.environ, "MCFL_KILL_AT": kill_at}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
+def _killed(command, cwd=None):
+    """Run `command` (a `fault_driver` command line, its fault installed) and check the fault
+    killed it."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=cwd)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
 
 
@@ -69,8 +71,7 @@ def test_a_killed_sweep_says_what_is_missing_and_resumes_to_the_whole_sweep(whol
                                                                            tmp_path):
     out = tmp_path / "killed"
     # killed as chunk 2 writes its round-4 checkpoint: chunk 1 is done, chunk 2 at round 2
-    _killed([sys.executable, "-m", "mcfl", "sweep", *SWEEP_FLAGS, "--out", str(out)],
-            "checkpoint:5")
+    _killed(mcfl_killed_at(FaultPlan("checkpoint", 5), "sweep", *SWEEP_FLAGS, "--out", str(out)))
     spec = json.loads((out / "sweep.json").read_text())
     assert spec["kind"] == "sweep" and spec["status"] == "running"
     assert spec["pending_members"] == [2, 3]
@@ -175,7 +176,7 @@ def test_a_killed_table_says_it_is_incomplete_and_resumes_to_the_whole_table(tmp
     out = tmp_path / "killed"
     code = (f"from mcfl import reproduce; reproduce.run_table('flexcfl-table3-synthetic', "
             f"{str(out)!r}, **{TABLE!r})")
-    _killed([sys.executable, "-c", code], "cell:1")  # the first cell done, the second not
+    _killed(python_killed_at(FaultPlan("cell", 1), code))  # the first cell done, the second not
     text = (out / "table.md").read_text()
     assert text.startswith("**INCOMPLETE (running): 1 of 2 cells; missing: FedProx (mu 1).**")
     assert f"mcfl reproduce --resume {out}" in text

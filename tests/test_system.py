@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -20,13 +19,14 @@ import numpy as np
 import pytest
 from conformance_setup import SETTINGS, build_small, planted_data
 from conftest import Bound
+from fault_driver import mcfl_killed_at
 
 import mcfl
 from mcfl.algorithms import get, names
 from mcfl.algorithms.asynchronous import fedasync_update, fedbuff_update
 from mcfl.algorithms.system_rounds import with_system
 from mcfl.errors import ConfigError
-from mcfl.files import faults
+from mcfl.files.faults import FaultPlan
 from mcfl.sweeps.spec import expand, group
 from mcfl.system.clock import client_seconds, synchronous_round
 from mcfl.system.devices import (
@@ -391,9 +391,8 @@ def test_kill_and_resume_of_an_async_run_equals_the_whole_run(tmp_path):
     # The uninterrupted run and the resume in this process (the killed one shares their
     # compiled programs through the tests' compile cache); the kill needs a process.
     assert main([*args, "--out", str(whole)]) == 0
-    env = {**os.environ, faults.VARIABLE: "row:5"}  # killed after the 5th row
-    killed = subprocess.run([sys.executable, "-m", "mcfl", *args, "--out", str(cut)],
-                            cwd=REPO, env=env, capture_output=True)
+    killed = subprocess.run(mcfl_killed_at(FaultPlan("row", 5), *args, "--out", str(cut)),
+                            cwd=REPO, capture_output=True)  # killed after the 5th row
     assert killed.returncode == -signal.SIGKILL
     assert main(["run", "--resume", str(cut)]) == 0
 

@@ -7,6 +7,7 @@ chip of TPU v5e (Colab's v5e-1); the compiler's figures against hand-computed on
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ import pytest
 from conformance_setup import build_small, fedavg_on, planted_data
 
 from mcfl.algorithms import names
+from mcfl.apps.libtpu_environment import PLACEHOLDER
 from mcfl.models.registry import MODELS
 from mcfl.planning import tpu_compile
 
@@ -133,8 +135,11 @@ def test_refusal_messages_are_read():
 
 
 def plan(*args) -> dict:
+    """`mcfl plan ARGS --json` in a process of its own, whose environment lacks the libtpu
+    placeholder the session names (tests/conftest.py): the command line names it itself."""
+    env = {k: v for k, v in os.environ.items() if k not in PLACEHOLDER}
     out = subprocess.run([sys.executable, "-m", "mcfl.apps.cli", "plan", "--no-cache", "--json",
-                          *args], capture_output=True, text=True, timeout=600)
+                          *args], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr
     assert "TPU_ACCELERATOR_TYPE" not in out.stderr  # libtpu's start-up lines kept quiet
     return json.loads(out.stdout)

@@ -62,11 +62,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_point(point: Point, timeout: Optional[float] = None) -> dict:
-    """Measure `point` in a fresh Python process; a failure (error, out of memory, killed,
-    over `timeout` seconds) comes back as a record with status "failed" and the error."""
+def run_point(point: Point, timeout: Optional[float] = None, compile_cache: bool = True) -> dict:
+    """Measure `point` in a fresh Python process (with JAX's persistent compilation cache
+    unless not `compile_cache`); a failure (error, out of memory, killed, over `timeout`
+    seconds) comes back as a record with status "failed" and the error."""
     command = [sys.executable, "-m", "mcfl.apps.bench_point", "--point",
-               json.dumps(dataclasses.asdict(point))]
+               json.dumps(dataclasses.asdict(point)),
+               *([] if compile_cache else ["--no-compile-cache"])]
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -141,16 +143,18 @@ def run_sweep(
     timeout: Optional[float] = None,
     skipped: Sequence[str] = (),
     report: Optional[Callable[[dict], None]] = None,
+    compile_cache: bool = True,
 ) -> dict:
     """Measure every point in its own process, rewriting out_dir/bench.json after each one, and
     plot out_dir/bench.png at the end (also after Ctrl-C). `report(record)` is called after each
-    point. Returns the JSON document."""
+    point; `compile_cache`: whether the children keep their programs in JAX's persistent
+    cache. Returns the JSON document."""
     out_dir = Path(out_dir)
     document = {"machine": machine_info(), "skipped": list(skipped), "points": []}
     write_json(out_dir / "bench.json", document)
     try:
         for point in points:
-            record = run_point(point, timeout)
+            record = run_point(point, timeout, compile_cache)
             document["points"].append(record)
             if document["machine"]["backend"] is None and record["status"] == "ok":
                 document["machine"].update(backend=record["backend"], device=record["device"])

@@ -23,6 +23,8 @@ from mcfl import settings
 from mcfl.algorithms import registry
 from mcfl.algorithms.fesem import FeSEMParams
 from mcfl.apps.bench_data import NUM_CLASSES, benchmark_dataset, fill_mixture
+from mcfl.apps.libtpu_environment import quiet_libtpu_without_tpu
+from mcfl.apps.user_environment import memory_limit
 from mcfl.clustering import kmeans
 from mcfl.config import RunConfig
 from mcfl.data.federated import DeviceRows
@@ -299,12 +301,19 @@ def point_settings(point: Point) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m mcfl.apps.bench_point --point JSON``: measure one point, print its record
     as JSON."""
+    if argv is None:  # run as the program (mcfl bench's child): its environment is its own
+        quiet_libtpu_without_tpu()  # (already named where mcfl bench started it)
     parser = argparse.ArgumentParser(prog="python -m mcfl.apps.bench_point")
     parser.add_argument("--point", required=True, help="a Point as JSON")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="do not keep compiled programs in JAX's persistent cache (as "
+                        "mcfl bench was told)")
     args = parser.parse_args(argv)
 
-    compile_cache.enable()  # unless MCFL_NO_COMPILE_CACHE says not to (--no-compile-cache)
-    record = measure_point(Point(**json.loads(args.point)))
+    if not args.no_compile_cache:
+        compile_cache.enable()
+    with memory.limited(memory_limit()):  # MCFL_MEMORY_LIMIT, as the parent has it
+        record = measure_point(Point(**json.loads(args.point)))
     print(json.dumps(json_safe(record)))
     return 0
 

@@ -100,10 +100,11 @@ def _setting_path() -> str:
 
 
 def run_table_cell(name: str, settings: dict, out_dir: Path, timeout: Optional[float],
-                   in_process: bool = False) -> dict:
+                   in_process: bool = False, compile_cache: bool = True) -> dict:
     """One cell: wall time and the run's best / final accuracy (its summary.json). In its own
-    process (``mcfl run --config``, its settings written beside its folder) unless
-    `in_process` (``--tiny``: no timeout then)."""
+    process (``mcfl run --config``, its settings written beside its folder; with
+    --no-compile-cache unless `compile_cache`) unless `in_process` (``--tiny``: no timeout
+    then)."""
     folder = out_dir / "table" / name
     start = time.perf_counter()
     error = None
@@ -115,7 +116,8 @@ def run_table_cell(name: str, settings: dict, out_dir: Path, timeout: Optional[f
     else:
         config_file = atomic.write_json(out_dir / "table" / f"{name}.json", settings)
         command = [sys.executable, "-m", "mcfl", "run", "--config", str(config_file),
-                   "--out", str(folder), "--overwrite"]
+                   "--out", str(folder), "--overwrite",
+                   *([] if compile_cache else ["--no-compile-cache"])]
         try:
             proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
                                   env=child_env())
@@ -137,11 +139,12 @@ def run_table_cell(name: str, settings: dict, out_dir: Path, timeout: Optional[f
 def run_suite(out_dir: Path, tiny: bool = False, only: Sequence[str] = (),
               timeout: Optional[float] = None,
               report: Optional[Callable[[dict], None]] = None,
-              data_dir: Optional[str] = None) -> dict:
+              data_dir: Optional[str] = None, compile_cache: bool = True) -> dict:
     """Every workload (or those whose labels start with one of `only`), one after another;
     out_dir/bench.json is rewritten after each, summary.md and bench.png at the end. At
     `tiny` sizes the workloads run in this process (a process each would spend most of the
-    time importing JAX), so their memory figures are this process's."""
+    time importing JAX), so their memory figures are this process's. `compile_cache`:
+    whether the children keep their programs in JAX's persistent cache."""
     out_dir = Path(out_dir)
 
     def wanted(label: str) -> bool:
@@ -162,10 +165,11 @@ def run_suite(out_dir: Path, tiny: bool = False, only: Sequence[str] = (),
         for point in accelerator_points(tiny):
             if wanted(point.label):
                 add({"label": point.label, **(_in_process(point) if tiny
-                                              else run_point(point, timeout))})
+                                              else run_point(point, timeout, compile_cache))})
         for name, settings in table_settings(tiny, data_dir).items():
             if wanted(f"table-{name}"):
-                add(run_table_cell(name, settings, out_dir, timeout, in_process=tiny))
+                add(run_table_cell(name, settings, out_dir, timeout, in_process=tiny,
+                                   compile_cache=compile_cache))
     finally:
         plot_bench(out_dir / "bench.png", [p for p in document["points"]
                                            if p.get("kind") == "train"])

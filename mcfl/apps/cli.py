@@ -45,14 +45,16 @@ from mcfl.apps.flags import (
     check_cache_dir,
     setup_compile_cache,
 )
+from mcfl.apps.libtpu_environment import quiet_libtpu_without_tpu
 from mcfl.apps.logs import library_logs
 from mcfl.apps.plan_command import cmd_plan
+from mcfl.apps.user_environment import memory_limit
 from mcfl.config import SHARED_FIELDS, hint_of
 from mcfl.data.export import FORMATS
 from mcfl.errors import ConfigError, McflError
 from mcfl.planning.targets import DEFAULT as DEFAULT_TARGETS
 from mcfl.planning.targets import NAMES
-from mcfl.runtime.memory import out_of_memory
+from mcfl.runtime.memory import limited, out_of_memory
 from mcfl.settings import TextParser
 
 
@@ -292,18 +294,26 @@ def _stop_on_sigterm(signum, frame):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """The `mcfl` command with the arguments `argv` (None: the program's own, sys.argv). Run
+    as the program (argv None: the `mcfl` script, ``python -m mcfl``), it first names libtpu's
+    placeholder environment where no TPU is (`quiet_libtpu_without_tpu`); called from Python
+    with its arguments it leaves the caller's environment as it is."""
+    if argv is None:
+        quiet_libtpu_without_tpu()  # before JAX starts a backend
     parser = build_parser()
     args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         check_cache_dir(args)
-        if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
-            setup_compile_cache(args)
-        # the commands that build programs print their results, not XLA's or the libraries'
-        # log lines, unless --verbose (the others have no flag and log as they do)
-        with library_logs(getattr(args, "verbose", True)):
-            return args.func(args)
+        # MCFL_MEMORY_LIMIT, read here and passed on: the memory checks' budget for the command
+        with limited(memory_limit()):
+            if args.command in ("run", "sweep", "reproduce", "demo", "bench", "select-k"):
+                setup_compile_cache(args)
+            # the commands that build programs print their results, not XLA's or the
+            # libraries' log lines, unless --verbose (the others have no flag and log as they do)
+            with library_logs(getattr(args, "verbose", True)):
+                return args.func(args)
     except (McflError, ConfigError) as e:
         print(f"mcfl: error: {e}", file=sys.stderr)
         return 2

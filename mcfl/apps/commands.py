@@ -14,7 +14,7 @@ from mcfl.apps.bench_suite import run_suite
 from mcfl.apps.compare import compare
 from mcfl.apps.demo import run_demo
 from mcfl.apps.describe import format_description, plot_label_distribution
-from mcfl.apps.flags import DATA_FLAGS, cache_dir_from_args, config_from_args
+from mcfl.apps.flags import DATA_FLAGS, cache_dir_from_args, compile_cache_wanted, config_from_args
 from mcfl.apps.plots import plot_clusters
 from mcfl.apps.progress import progress_bar
 from mcfl.apps.select_k import write_select_k
@@ -418,7 +418,8 @@ def cmd_bench(args) -> int:
     print(f"{len(points)} points, each in its own process; results in {out}/bench.json")
     print(bench.TABLE_HEADER, flush=True)
     bench.run_sweep(points, out, args.timeout, skipped,
-                    report=lambda record: print(bench.format_row(record), flush=True))
+                    report=lambda record: print(bench.format_row(record), flush=True),
+                    compile_cache=compile_cache_wanted(args))
     print(f"plot: {out}/bench.png")
     return 0
 
@@ -439,6 +440,7 @@ def _bench_suite(args) -> int:
         print(f"{record['label']:<24} {'' if took is None else f'{took:.4f} s/round':<16} "
               f"{status}", flush=True)
 
-    run_suite(out, args.tiny, only, args.timeout, report, args.data_dir)
+    run_suite(out, args.tiny, only, args.timeout, report, args.data_dir,
+              compile_cache_wanted(args))
     print(f"summary: {out}/summary.md")
     return 0

@@ -5,12 +5,12 @@ the flags several commands share (caches, --overwrite)."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from mcfl import settings
 from mcfl.algorithms import registry
+from mcfl.apps.user_environment import compile_cache_off
 from mcfl.config import OWNER, SHARED_FIELDS, RunConfig, all_keys, from_dict, load_file
 from mcfl.data.cache import default_cache_dir
 from mcfl.data.settings import DataSettings
@@ -103,16 +103,18 @@ def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
                         "their warnings and XLA's alarms are kept off; mcfl.apps.logs)")
 
 
+def compile_cache_wanted(args) -> bool:
+    """Whether the command keeps its programs in JAX's persistent compilation cache: unless
+    --no-compile-cache or MCFL_NO_COMPILE_CACHE (`user_environment.compile_cache_off`) say
+    no. `mcfl bench` passes the answer to its children as their --no-compile-cache."""
+    return not (getattr(args, "no_compile_cache", False) or compile_cache_off())
+
+
 def setup_compile_cache(args) -> None:
-    """Turn JAX's persistent compilation cache on unless the flag or the environment say no;
-    bench children learn it through the environment (only theirs: an in-process command,
-    e.g. `main([...])` from Python, leaves the caller's environment as it was)."""
-    if getattr(args, "no_compile_cache", False):
-        if args.command == "bench":
-            os.environ[compile_cache.DISABLE_VARIABLE] = "1"
-        return
-    if args.command == "bench":
-        return  # the parent runs no JAX; each child turns the cache on itself
+    """Turn JAX's persistent compilation cache on unless the flag or the environment say no
+    (`compile_cache_wanted`); `mcfl bench` turns it on in its children, not here."""
+    if args.command == "bench" or not compile_cache_wanted(args):
+        return  # (the bench parent runs no JAX; each child turns the cache on itself)
     base = Path(args.cache_dir).expanduser() if getattr(args, "cache_dir", None) else None
     compile_cache.enable(None if base is None else base / compile_cache.SUBDIRECTORY)
 

@@ -6,14 +6,15 @@ them again (XLA compilation was 3 to 7 s of a 7 to 12 s Synthetic run). JAX keys
 by the program and the compiler, backend and flags, so a stale entry is never used.
 
 The command line turns it on under ``<mcfl cache dir>/jax-compile`` (``--cache-dir`` or
-``$MCFL_CACHE_DIR``, default ``~/.cache/mcfl``); ``--no-compile-cache`` or
-``MCFL_NO_COMPILE_CACHE=1`` turn it off. From Python, call `enable` once before the first run.
-A cache directory the user already gave JAX (``JAX_COMPILATION_CACHE_DIR``) is left as it is.
+``$MCFL_CACHE_DIR``, default ``~/.cache/mcfl``) unless ``--no-compile-cache`` or
+``MCFL_NO_COMPILE_CACHE=1`` say no: it decides (`mcfl.apps.flags.setup_compile_cache`) and
+calls `enable` or not; nothing here reads the environment. From Python, call `enable` once
+before the first run. A cache directory the user already gave JAX
+(``JAX_COMPILATION_CACHE_DIR``) is left as it is.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -21,20 +22,13 @@ import jax
 
 from mcfl.data.cache import default_cache_dir
 
-DISABLE_VARIABLE = "MCFL_NO_COMPILE_CACHE"
 SUBDIRECTORY = "jax-compile"
 
 
-def disabled_by_environment() -> bool:
-    return os.environ.get(DISABLE_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def enable(cache_dir: Optional[str | Path] = None) -> Optional[Path]:
+def enable(cache_dir: Optional[str | Path] = None) -> Path:
     """Cache every compiled program under `cache_dir` (default: the mcfl cache directory's
-    ``jax-compile``). Returns the folder in use, or None when the environment turns the cache
-    off. Programs of any size and compile time are kept: mcfl's rounds compile in seconds."""
-    if disabled_by_environment():
-        return None
+    ``jax-compile``). Returns the folder in use. Programs of any size and compile time are
+    kept: mcfl's rounds compile in seconds."""
     current = jax.config.jax_compilation_cache_dir
     if current:  # the user configured JAX's cache themselves
         return Path(current)

@@ -14,17 +14,21 @@ change, instead of an out-of-memory error after a long build:
   temporaries).
 
 The budget is the accelerator's free memory, or on CPU the host's available memory
-(``MemAvailable``); ``MCFL_MEMORY_LIMIT`` (bytes, or with a K / M / G / T suffix) sets it
-(a shared machine, a test). An out-of-memory error that happens anyway is turned into one line
-(`out_of_memory`).
+(``MemAvailable``); ``with limited(LIMIT):`` sets it for the code in its block (a shared
+machine, a test): bytes, or a text with a K / M / G / T suffix. The command line takes the
+limit from ``MCFL_MEMORY_LIMIT`` (read in `mcfl.apps.user_environment`, not here: nothing in
+this module reads the environment). An out-of-memory error that happens anyway is turned
+into one line (`out_of_memory`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import jax
 import numpy as np
@@ -32,6 +36,8 @@ import numpy as np
 from mcfl.data import fedem_synthetic as fedem
 from mcfl.errors import ConfigError, McflError
 
+# The command line's variable for `limited` (read by mcfl.apps.user_environment; named here in
+# the refusals' advice).
 LIMIT_VARIABLE = "MCFL_MEMORY_LIMIT"
 _SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Synthetic(alpha, beta)'s generator (mcfl.data.synthetic): rows of 60 float32 features, and
@@ -71,10 +77,30 @@ def parse_size(text: str, name: str = LIMIT_VARIABLE) -> int:
     return int(number * _SUFFIXES[suffix])
 
 
+# The budget `limited` sets (None: the machine's own figures). One for the process: the runs,
+# sweeps and stores that ask for the free memory take no limit of their own.
+_limit_bytes: Optional[int] = None
+
+
+@contextlib.contextmanager
+def limited(limit: Union[int, str, None]) -> Iterator[Optional[int]]:
+    """Take `limit` (bytes, or a size text such as "8G"; None: no limit) as this machine's
+    memory for the checks run in the block; the limit before it is back after. Yields the
+    limit in bytes."""
+    global _limit_bytes
+    previous = _limit_bytes
+    _limit_bytes = None if limit is None else (
+        parse_size(limit) if isinstance(limit, str) else int(limit))
+    try:
+        yield _limit_bytes
+    finally:
+        _limit_bytes = previous
+
+
 def host_available() -> int:
-    """The host's available memory (MemAvailable), or `MCFL_MEMORY_LIMIT` when set."""
-    if os.environ.get(LIMIT_VARIABLE):
-        return parse_size(os.environ[LIMIT_VARIABLE])
+    """The host's available memory (MemAvailable), or the limit `limited` set."""
+    if _limit_bytes is not None:
+        return _limit_bytes
     try:
         with open("/proc/meminfo") as f:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
@@ -85,15 +111,15 @@ def host_available() -> int:
 
 def device_available(resident: int = 0) -> int:
     """Free memory of this process's first device (an accelerator's own; on CPU the host's)
-    for a run whose arrays already take `resident` bytes there (under `MCFL_MEMORY_LIMIT`, the
+    for a run whose arrays already take `resident` bytes there (under a limit (`limited`), the
     limit is the run's whole budget: its resident arrays count against it)."""
     stats = getattr(jax.local_devices()[0], "memory_stats", lambda: None)()
     if stats and "bytes_limit" in stats:
         free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
     else:
         free = host_available()
-    if os.environ.get(LIMIT_VARIABLE):
-        free = min(free, parse_size(os.environ[LIMIT_VARIABLE]) - resident)
+    if _limit_bytes is not None:
+        free = min(free, _limit_bytes - resident)
     return int(free)
 
 

@@ -3,9 +3,13 @@ that several runs, a sweep's members, can be open at once; `mlflow-skinny` suffi
 
 The tracking URI is the one given, else $MLFLOW_TRACKING_URI, else the file store ./mlruns
 (made absolute when the tracker is made). MLflow 3 keeps its file store in maintenance mode
-and refuses it unless MLFLOW_ALLOW_FILE_STORE is true, which this tracker sets for a file
-store when it is unset (mlflow-skinny has no other local store: a sqlite:/// URI needs
-SQLAlchemy); ``mlflow ui --backend-store-uri ./mlruns`` shows it. The experiment is "mcfl"
+and refuses it unless MLFLOW_ALLOW_FILE_STORE is true (mlflow-skinny has no other local
+store: a sqlite:/// URI needs SQLAlchemy). MLflow takes that choice from the environment only
+(its FileStore reads the variable as it is made; neither MlflowClient nor the store takes it
+as an argument), so for a file store, where the variable is unset, this tracker sets it
+while it makes its client and the store (`_file_store_allowed`) and removes it again: the
+process's environment is as it was after `open`, and MLflow keeps the store it made for the
+URI. ``mlflow ui --backend-store-uri ./mlruns`` shows it. The experiment is "mcfl"
 unless $MLFLOW_EXPERIMENT_NAME names another. The config is the run's params (texts), every
 round's numbers its metrics at step = the round, the summary's numbers ``summary/KEY``
 metrics and the whole summary the artifact summary.json, the plots artifacts under plots/; a
@@ -16,8 +20,10 @@ sweep member's run is named by its seed and tagged with its grid point (``grid_p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -30,10 +36,25 @@ DEFAULT_EXPERIMENT = "mcfl"
 # MLflow's limit on the params of one log_batch call.
 PARAMS_PER_CALL = 100
 END_STATES = {"completed": "FINISHED", "interrupted": "KILLED"}  # else FAILED
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
 
 
 def is_file_store(uri: str) -> bool:
     return urlparse(uri).scheme in ("", "file")
+
+
+@contextlib.contextmanager
+def _file_store_allowed(file_store: bool) -> Iterator[None]:
+    """MLFLOW_ALLOW_FILE_STORE=true for the block, for a file store where the user left it
+    unset (MLflow reads it from the environment only; module docstring); unset again after."""
+    if not file_store or ALLOW_FILE_STORE in os.environ:
+        yield
+        return
+    os.environ[ALLOW_FILE_STORE] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop(ALLOW_FILE_STORE, None)
 
 
 class MLflow(Tracker):
@@ -61,10 +82,9 @@ class MLflow(Tracker):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        if is_file_store(self.uri):
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self._client = client = MlflowClient(self.uri)
-        run = client.create_run(self._experiment_id(), run_name=name, tags=self.tags)
+        with _file_store_allowed(is_file_store(self.uri)):
+            self._client = client = MlflowClient(self.uri)
+            run = client.create_run(self._experiment_id(), run_name=name, tags=self.tags)
         self._run_id = run.info.run_id
         params = [Param(key, str(value)) for key, value in hyperparameters(config).items()]
         for start in range(0, len(params), PARAMS_PER_CALL):

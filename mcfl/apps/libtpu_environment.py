@@ -9,6 +9,11 @@ libtpu also takes a lock file (/tmp/libtpu_lockfile) that lets one process at a 
 the chips; with no chips to hold, ``ALLOW_MULTIPLE_LIBTPU_LOAD`` lets several processes
 compile at once (two `mcfl plan` commands, the test suite's workers). Nothing is set where
 TPU chips are present, or where the user set any of these variables.
+
+The `mcfl` program calls `quiet_libtpu_without_tpu` as it starts (`mcfl.apps.cli.main`, run
+as the program), before JAX starts a backend; its children inherit the variables. Importing
+mcfl sets nothing: a Python caller's environment is its own (the test suite names the
+placeholder itself, in tests/conftest.py, for its workers).
 """
 
 from __future__ import annotations
