@@ -36,7 +36,7 @@ import mcfl
 from mcfl.algorithms import hyperparams
 from mcfl.algorithms.stored import to_storage
 from mcfl.data.loaders import load_fmnist
-from mcfl.runs.embedding import embedding_for_run
+from mcfl.runs.embedding import EmbeddingTraining, embedding_for_run
 from mcfl.runs.execution import plan_run, run_keys
 from mcfl.runs.program import run_program
 
@@ -203,12 +203,13 @@ def embed(args, config, program, store_kind: str, state, data) -> dict:
     before = peak_gib()
     t0 = time.perf_counter()
     found, where = embedding_for_run(
-        program.algorithm, training, args.embed, program.plan.params_count, store_kind,
-        getattr(program, "folder", None), program.algorithm_state(state), data.arrays,
-        jax.random.key(1), program.plan.train_block)
+        EmbeddingTraining(program.algorithm, training, program.run_plan.train_block),
+        args.embed, program.run_plan.params_count, store_kind,
+        None if program.stored is None else program.stored.folder,
+        program.algorithm_state(state), data.arrays, jax.random.key(1))
     jax.block_until_ready(found)
     return {"embed_clients": args.embed, "embed_models_gib":
-            4 * args.embed * program.plan.params_count / 2**30, "embed_through": where,
+            4 * args.embed * program.run_plan.params_count / 2**30, "embed_through": where,
             "embed_seconds": time.perf_counter() - t0,
             "embed_explained": np.asarray(found.explained).tolist(),
             "peak_rss_gib_before_embed": before, "peak_rss_gib_after_embed": peak_gib()}

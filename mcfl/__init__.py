@@ -19,8 +19,8 @@ from mcfl.algorithms.device import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
 from mcfl.runs.plan import Plan, resolve
-from mcfl.runs.runner import RunObserver, RunResult, load_dataset, run
-from mcfl.sweeps import SweepResult, sweep
+from mcfl.runs.runner import RunObserver, RunOptions, RunResult, load_dataset, run
+from mcfl.sweeps import SweepOptions, SweepResult, sweep
 
 __version__ = "0.1.0"
 
@@ -28,7 +28,9 @@ __all__ = [
     "Plan",
     "RunConfig",
     "RunObserver",
+    "RunOptions",
     "RunResult",
+    "SweepOptions",
     "SweepResult",
     "algorithms",
     "data",

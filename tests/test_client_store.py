@@ -160,8 +160,8 @@ def test_the_streamed_embedding_is_the_one_program_embedding(tmp_path):
     assert plan.params_count % (chunk_bytes // 40) != 0
     for on_disk in (False, True):
         streamed = embedding.streamed_client_embedding(
-            algorithm, training, 10, state, dataset.arrays, key, on_disk=on_disk,
-            folder=tmp_path, chunk_bytes=chunk_bytes)
+            embedding.EmbeddingTraining(algorithm, training), 10, state, dataset.arrays, key,
+            on_disk=on_disk, folder=tmp_path, chunk_bytes=chunk_bytes)
         np.testing.assert_array_equal(streamed.clients, whole.clients)
         np.testing.assert_allclose(streamed.coords, whole.coords, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(streamed.explained, whole.explained, rtol=1e-4)

@@ -133,14 +133,22 @@ def _add_block(gram, total, block):
             total + jnp.sum(jnp.square(centred)))
 
 
-def streamed_client_embedding(algorithm: FederatedAlgorithm, training: LocalTraining,
-                              num_clients: int, state, data, key, on_disk: bool = False,
-                              folder: Optional[Path] = None,
-                              chunk_bytes: int = CHUNK_BYTES,
-                              block_size: Optional[int] = None) -> ClientEmbedding:
+class EmbeddingTraining(NamedTuple):
+    """How the embedded clients train their models once: the run's `algorithm` and its
+    clients' `training`, `block_size` clients at a time (the run's)."""
+
+    algorithm: FederatedAlgorithm
+    training: LocalTraining
+    block_size: Optional[int] = None
+
+
+def streamed_client_embedding(trainer: EmbeddingTraining, num_clients: int, state, data, key,
+                              on_disk: bool = False, folder: Optional[Path] = None,
+                              chunk_bytes: int = CHUNK_BYTES) -> ClientEmbedding:
     """`client_embedding` with at most `chunk_bytes` of models trained or read at a time; the
     sampled models in host memory, or `on_disk` in files in a temporary folder inside `folder`
     (None: the system's temporary folder)."""
+    algorithm, training, block_size = trainer
     clients, train_key = jax.jit(_sampled, static_argnums=(1, 2))(key, data.num_clients,
                                                                   num_clients)
 
@@ -174,14 +182,15 @@ def streamed_client_embedding(algorithm: FederatedAlgorithm, training: LocalTrai
     return jax.jit(_from_gram)(clients, gram, total)
 
 
-def embedding_for_run(algorithm: FederatedAlgorithm, training: LocalTraining, wanted: int,
-                      params_count: int, store_kind: str, folder: Optional[Path], state, data,
-                      key, block_size: Optional[int] = None) -> tuple[ClientEmbedding, str]:
+def embedding_for_run(trainer: EmbeddingTraining, wanted: int, params_count: int,
+                      store_kind: str, folder: Optional[Path], state, data, key
+                      ) -> tuple[ClientEmbedding, str]:
     """The run's embedding of `wanted` clients (at most all) and where its models were:
     "device" (one program) when the run's client store is the device's and three copies of
     the models take at most `MEMORY_SHARE` of its free memory; else streamed through host
     memory when the models fit half of it, or through files in `folder` (None: the system's
     temporary folder)."""
+    algorithm, training, block_size = trainer
     count = max(1, min(wanted, int(data.num_clients)))
     models_bytes = 4 * count * params_count
     if store_kind == "device" and 3 * models_bytes <= MEMORY_SHARE * memory.device_available():
@@ -190,7 +199,6 @@ def embedding_for_run(algorithm: FederatedAlgorithm, training: LocalTraining, wa
         return embed(state, data, key), "device"
     kind = store_kind if store_kind != "device" else (
         "host" if models_bytes <= memory.host_available() / 2 else "disk")
-    found = streamed_client_embedding(algorithm, training, count, state, data, key,
-                                      on_disk=kind == "disk", folder=folder,
-                                      block_size=block_size)
+    found = streamed_client_embedding(trainer, count, state, data, key,
+                                      on_disk=kind == "disk", folder=folder)
     return found, kind

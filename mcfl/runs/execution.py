@@ -125,7 +125,7 @@ def scans_rounds(plan: Plan, mean_steps: float, params_count: int, per_round: in
     or with ``auto`` when a round's training is under `SCAN_BELOW_FLOPS` by the dense rule of
     thumb (6 FLOPs per parameter per example: forward and backward) over `mean_steps`, the
     clients' mean local steps a round. A client store on the host or on disk runs round by
-    round whatever this says (`mcfl.runs.stored_program`)."""
+    round whatever this says (`mcfl.runs.stored_rounds`)."""
     scan = plan.execution.scan_rounds
     if scan != "auto":
         return scan == "on"
@@ -201,11 +201,19 @@ def seed_key(seed: int) -> jax.Array:
     return key if high == 0 else jax.random.fold_in(key, high)
 
 
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-    """(initialisation key, rounds key) of a run with `seed`; round r uses
-    ``fold_in(rounds_key, r)``."""
+class RunKeys(NamedTuple):
+    """A run's two keys, each with one job: `init` makes the initial state, `rounds` every
+    round (round r's key is ``fold_in(rounds, r)``, which the algorithm splits in turn:
+    `mcfl.algorithms.base.sampled` samples with the first half, training uses the second)."""
+
+    init: jax.Array
+    rounds: jax.Array
+
+
+def run_keys(seed: int) -> RunKeys:
+    """The `RunKeys` of a run with `seed`."""
     init_key, rounds_key = jax.random.split(seed_key(seed))
-    return init_key, rounds_key
+    return RunKeys(init_key, rounds_key)
 
 
 def client_mesh(devices: Optional[int]) -> Optional[jax.sharding.Mesh]:

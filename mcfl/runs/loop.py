@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import numpy as np
@@ -107,7 +107,33 @@ class LoopHooks:
     def chunk_finished(self, index: int, last_round: int, state) -> None: ...
 
 
-def run_rounds(program, dataset: FederatedDataset, state, values, rounds_keys,
+def later_columns(program, dataset: FederatedDataset) -> tuple[str, ...]:
+    """The columns only evaluated rounds have, which a run's and a sweep member's observers
+    are told of at the start: cluster metrics, the planted groups' and the held-out
+    clients'."""
+    later = ()
+    if program.clustered:  # cluster metrics arrive with evaluated rounds
+        later = ("cluster_sizes", "clients_waiting") + (("cluster_ari", "cluster_nmi")
+                                                      if dataset.true_cluster is not None
+                                                      else ())
+    if dataset.true_cluster is not None:  # (evaluated rounds: the planted groups')
+        later += ("worst_group_accuracy", "smallest_group_accuracy")
+    if dataset.unseen is not None:  # (evaluated rounds: the held-out clients')
+        later += UNSEEN_KEYS
+        if dataset.unseen.true_cluster is not None:
+            later += UNSEEN_GROUP_KEYS + (UNSEEN_CLUSTER_KEYS if program.clustered else ())
+    return later
+
+
+class RoundInputs(NamedTuple):
+    """What the members' rounds take beside their state: the traced `values` (a sweep's; {}
+    for a run) and the `rounds_keys` (round r's key is ``fold_in(rounds_key, r)``)."""
+
+    values: Any
+    rounds_keys: Any
+
+
+def run_rounds(program, dataset: FederatedDataset, state, inputs: RoundInputs,
                records: Sequence[MemberRecord], chunks: Sequence[tuple[int, int]],
                hooks: Optional[LoopHooks] = None, keep: bool = False):
     """Run `chunks` of rounds of `program` (`mcfl.runs.program.RoundProgram`) from `state`,
@@ -116,6 +142,7 @@ def run_rounds(program, dataset: FederatedDataset, state, values, rounds_keys,
     evaluated round's assignments and the last evaluation's per-client metrics (a run's files
     need them)."""
     hooks = hooks or LoopHooks()
+    values, rounds_keys = inputs
     data = dataset.arrays
     params_count = program.run_plan.params_count
     eval_every, rounds = program.plan.evaluation.eval_every, program.run_plan.rounds

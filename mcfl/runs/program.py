@@ -35,7 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -176,31 +176,10 @@ class RoundProgram:
                                           hp(values), first)
             return state, jax.tree.map(lambda m: m[None], metrics)
 
-        def evaluate_(values, state, data):
-            del values  # evaluation depends on the state alone
-            counts, test_counts = evaluation_counts(algorithm, model.apply,
-                                                    run_plan.eval_block, state, data)
-            assigned = algorithm.assignments(state.algorithm) if self.clustered else None
-            return counts, test_counts, assigned
-
-        def evaluate_unseen_(values, state, data, unseen):
-            del values
-            offered = newcomer_models(algorithm, state.algorithm, data, unseen)
-            if offered is None:  # per-client models: nothing to serve a newcomer with
-                return None
-            models, index = offered
-            if index is None:
-                index = most_confident(model.apply, unseen, models, run_plan.eval_block)
-            counts = engine.evaluate_counts(model.apply, unseen, models, index,
-                                            run_plan.eval_block)
-            return counts, unseen.test_counts, index
-
         lift = (functools.partial(over_members, mesh=mesh, width=width) if members
                 else lambda fn, batched: fn)
         self._init = jax.jit(lift(init, (True, True, False)), **jit_options)
-        self._evaluate = jax.jit(lift(evaluate_, (True, True, False)), **jit_options)
-        self._evaluate_unseen = jax.jit(lift(evaluate_unseen_, (True, True, False, False)),
-                                        **jit_options)
+        self._jit_evaluation(Lifted(lift, jit_options))
         # The state is donated: an algorithm that updates part of a large state (Local's
         # [C, ...] models) does it in place instead of copying it every round.
         self._rounds = {count: jax.jit(lift(functools.partial(rounds, count),
@@ -213,9 +192,36 @@ class RoundProgram:
         if place.kind != "device":
             system = plan.participation.system
             self.stored = StoredRounds(
-                algorithm, transform, self.hyperparams, model, run_plan.eval_block, place,
-                members, Lifted(lift, jit_options),
+                algorithm, transform, self.hyperparams, run_plan, place, members,
+                Lifted(lift, jit_options),
                 reads_state=system is not None and system.samples_itself)
+
+    def _jit_evaluation(self, lifted: Lifted) -> None:
+        """The evaluation of the clients and of the held-out newcomers, jitted."""
+        algorithm, run_plan = self.algorithm, self.run_plan
+        model, block = run_plan.model, run_plan.eval_block
+
+        def evaluate_(values, state, data):
+            del values  # evaluation depends on the state alone
+            counts, test_counts = evaluation_counts(algorithm, model.apply, block, state, data)
+            assigned = algorithm.assignments(state.algorithm) if self.clustered else None
+            return counts, test_counts, assigned
+
+        def evaluate_unseen_(values, state, data, unseen):
+            del values
+            offered = newcomer_models(algorithm, state.algorithm, data, unseen)
+            if offered is None:  # per-client models: nothing to serve a newcomer with
+                return None
+            models, index = offered
+            if index is None:
+                index = most_confident(model.apply, unseen, models, block)
+            counts = engine.evaluate_counts(model.apply, unseen, models, index, block)
+            return counts, unseen.test_counts, index
+
+        lift, options = lifted
+        self._evaluate = jax.jit(lift(evaluate_, (True, True, False)), **options)
+        self._evaluate_unseen = jax.jit(lift(evaluate_unseen_, (True, True, False, False)),
+                                        **options)
 
     def hyperparams(self, values, private: bool = True):
         """The algorithm's hyperparameters (`Hyperparams`) for the traced `values`, with DP's
@@ -456,14 +462,28 @@ def forget_programs() -> None:
     _PROGRAMS.clear()
 
 
+class MemberAxis(NamedTuple):
+    """A sweep group's members on a leading axis: the flat keys whose values are traced, how
+    many members, the mesh dealing them over devices and how many run side by side
+    (`RoundProgram`'s `traced`, `mesh` and `width`)."""
+
+    traced: Sequence[str] = ()
+    count: int = 1
+    mesh: Optional[jax.sharding.Mesh] = None
+    width: Optional[int] = None
+
+
 def run_program(plan: Plan, run_plan: RunPlan, data, run_dir: Optional[Path],
-                jit_options: Optional[dict] = None, members: bool = False, traced=(),
-                member_count: int = 1, mesh=None, width=None,
+                members: Optional[MemberAxis] = None, jit_options: Optional[dict] = None,
                 accelerator_free: Optional[int] = None) -> tuple[RoundProgram, StoreChoice]:
     """The program of `plan` with the client store it asks for (a disk store in
     ``run_dir/client_store``, or without a run folder a temporary folder the program removes
-    when closed), and the store chosen. `accelerator_free`: the memory of an accelerator the
-    run is planned for (`choose_store`)."""
+    when closed), and the store chosen; `members`: a sweep group's (None: a run's, without a
+    member axis). `accelerator_free`: the memory of an accelerator the run is planned for
+    (`choose_store`)."""
+    axis = members or MemberAxis()
+    traced, member_count, mesh, width = axis
+    members = members is not None
     device = round_program(plan, run_plan, data, traced, members, mesh, width, jit_options)
     choice = choose_store(plan.execution.client_store, device.algorithm, plan.algorithm.name,
                           plan.hyperparams(run_plan.model), data, member_count,

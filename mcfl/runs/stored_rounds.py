@@ -77,7 +77,7 @@ class StoredRounds:
     `members`: whether values, state and keys carry a member axis."""
 
     def __init__(self, algorithm: FederatedAlgorithm, transform: MessageTransform, hp,
-                 model, eval_block: int, place: StorePlace, members: bool, lifted: Lifted,
+                 run_plan, place: StorePlace, members: bool, lifted: Lifted,
                  reads_state: bool):
         self.algorithm, self.transform, self.hyperparams = algorithm, transform, hp
         self.kind, self.folder, self.temporary = place
@@ -89,8 +89,8 @@ class StoredRounds:
         self.layout: Optional[RowLayout] = None
         self.num_clients: Optional[int] = None
         self._manifest = None
-        if self.rows_kept:
-            self._jit(model, eval_block, lifted)
+        if self.rows_kept:  # (`run_plan`: the run's execution plan, `RunPlan`)
+            self._jit(run_plan.model, run_plan.eval_block, lifted)
 
     def _jit(self, model, eval_block: int, lifted: Lifted) -> None:
         algorithm, client_state = self.algorithm, self.algorithm.client_state
@@ -101,8 +101,8 @@ class StoredRounds:
             return round_participants(algorithm, state.algorithm, data,
                                       jax.random.fold_in(rounds_key, r), r)
 
-        def round_(values, state, packed, written, clients, present, data, rounds_key, r,
-                   initial):
+        def round_(values, state, gathered, chosen, data, rounds_key, r, initial):
+            (packed, written), (clients, present) = gathered, chosen
             stored = with_fresh(client_state, initial, self.layout.unpack_device(packed),
                                 written, clients)
             key = jax.random.fold_in(rounds_key, r)
@@ -129,8 +129,8 @@ class StoredRounds:
 
         lift, options = lifted
         self._sample = jax.jit(lift(sample, (True, False, True, False)), **options)
-        batched = dict(values=True, state=True, packed=True, written=True, clients=True,
-                       present=True, data=False, rounds_key=True, r=False, initial=True)
+        batched = dict(values=True, state=True, gathered=True, chosen=True, data=False,
+                       rounds_key=True, r=False, initial=True)
         self._round = jax.jit(lift(round_, tuple(batched.values())), **options)
         batched = dict(state=True, packed=True, written=True, clients=False, data=False,
                        initial=True)
@@ -167,8 +167,8 @@ class StoredRounds:
         member = clients.shape[:-1]
         programs = {
             "sample": (self._sample, (state, data, rounds_keys, first)),
-            "round": (self._round, (values, state, self._packed_like(clients.shape), written,
-                                    clients, present, data, rounds_keys, first, initial)),
+            "round": (self._round, (values, state, (self._packed_like(clients.shape), written),
+                                    (clients, present), data, rounds_keys, first, initial)),
             "evaluate": (self._evaluate_chunk, (
                 state, self._packed_like(member + (chunk,)),
                 jax.ShapeDtypeStruct(member + (chunk,), jnp.bool_),
@@ -219,8 +219,8 @@ class StoredRounds:
             upcoming = self.participants(compiled, state, data, rounds_keys, first + 1)[0]
         put = self._without_members
         state, new_rows, metrics = compiled["round"](
-            values, state, jax.device_put(put(packed)), put(written), put(clients),
-            None if present is None else put(present), data, rounds_keys,
+            values, state, (jax.device_put(put(packed)), put(written)),
+            (put(clients), None if present is None else put(present)), data, rounds_keys,
             jnp.asarray(first, jnp.int32), self.initial)
         if first < last_round and self.reads_state:  # (the clock moved: the new state's)
             upcoming = self.participants(compiled, state, data, rounds_keys, first + 1)[0]

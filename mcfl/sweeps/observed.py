@@ -34,14 +34,6 @@ def check_factories(observers: Sequence[Any]) -> tuple[Any, ...]:
     return observers
 
 
-def later_columns(program, dataset) -> tuple[str, ...]:
-    """The columns only evaluated rounds have (as `mcfl.run` tells its observers)."""
-    if not program.clustered:
-        return ()
-    return ("cluster_sizes", "clients_waiting") + (
-        ("cluster_ari", "cluster_nmi") if dataset.true_cluster is not None else ())
-
-
 class Followers:
     """The observers of one chunk's members (`chunk`, without its padding)."""
 
