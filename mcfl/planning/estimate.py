@@ -38,9 +38,8 @@ from mcfl.planning.targets import Target
 from mcfl.planning.tpu_compile import CompiledRun
 from mcfl.runs.execution import plan_run, run_keys
 from mcfl.runs.plan import resolve
-from mcfl.runs.program import footprint, round_program
+from mcfl.runs.program import footprint, round_program, run_program
 from mcfl.runs.runner import prepared_data
-from mcfl.runs.program import run_program
 
 
 class ProgramEstimate(NamedTuple):
