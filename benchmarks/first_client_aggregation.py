@@ -24,7 +24,7 @@ from mcfl.algorithms.clustered import features_fn, reassign
 from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
 from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
 from mcfl.config import from_dict
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, Start, train_and_collect
 from mcfl.reproduce import get
 from mcfl.runs.records import PAPER_SCORE
 
@@ -53,8 +53,9 @@ def first_client_round(context: AlgorithmContext, training_of, identities, prox_
         start = state.assignment[clients] if before is None else before
         scale = 1.0 if prox_scale is None else prox_scale(data, clients)
         trained, stats, exchange = train_and_collect(
-            training_of(hp), data, train_key, state.models, RoundClients(clients, start), scale,
-            exchange=exchange, block_size=context.block_size)
+            Start(state.models, RoundClients(clients, start), training=training_of(hp),
+                  prox_scale=scale),
+            data, train_key, exchange=exchange, block_size=context.block_size)
         joined = before if before is not None else identities(state, data, clients, trained, hp)
         models = first_member_models(trained, joined, state.models, num_clusters)
         assignment, sizes = reassign(state.assignment, state.sizes, clients, joined)

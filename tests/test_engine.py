@@ -19,6 +19,7 @@ from mcfl.data.federated import from_splits
 from mcfl.engine import (
     LocalTraining,
     RoundClients,
+    Start,
     client_num_steps,
     reduce_blocks,
     train_and_collect,
@@ -91,9 +92,9 @@ def test_training_a_fixed_selection_does_not_depend_on_the_population():
     clients = jnp.arange(3, dtype=jnp.int32)
     results = []
     for num_others in (100, 10_000):
-        models, stats, _ = train_and_collect(training, with_others(num_others), jax.random.key(2),
-                                          params, RoundClients(clients, jnp.zeros_like(clients)),
-                                          block_size=2)
+        models, stats, _ = train_and_collect(
+            Start(params, RoundClients(clients, jnp.zeros_like(clients)), training=training),
+            with_others(num_others), jax.random.key(2), block_size=2)
         results.append((models, stats.steps))
     chex.assert_trees_all_equal(results[0], results[1])
 
@@ -107,13 +108,9 @@ def test_each_client_trains_exactly_its_own_steps(ragged):
     clients = jnp.arange(6, dtype=jnp.int32)
     key = jax.random.key(3)
     models, stats, _ = train_and_collect(
-        training,
-        data,
-        key,
-        jax.tree.map(lambda p: p[None], params),
-        RoundClients(clients, jnp.zeros_like(clients)),
-        block_size=6,
-    )
+        Start(jax.tree.map(lambda p: p[None], params),
+              RoundClients(clients, jnp.zeros_like(clients)), training=training),
+        data, key, block_size=6)
     expected = [2 * -(-n // 10) for n in SIZES]
     np.testing.assert_array_equal(stats.steps, expected)
     np.testing.assert_array_equal(client_num_steps(data.train_counts, training), expected)

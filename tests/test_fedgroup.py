@@ -18,7 +18,7 @@ from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
 import mcfl
 from mcfl.algorithms.base import stack
 from mcfl.algorithms.fedgroup import group_of_updates, inter_group_aggregation
-from mcfl.engine import LocalTraining, RoundClients, train_and_collect
+from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 
@@ -38,8 +38,9 @@ def test_edc_grouping_agrees_with_sklearn_pipeline(planted):
     model, training = _setup()
     w0 = model.init(jax.random.key(0))
     cold = jnp.arange(40, dtype=jnp.int32)
-    trained, _, _ = train_and_collect(training, planted.arrays, jax.random.key(1), stack(w0),
-                                   RoundClients(cold, jnp.zeros_like(cold)), 8)
+    trained, _, _ = train_and_collect(
+        Start(stack(w0), RoundClients(cold, jnp.zeros_like(cold)), training=training, prox_scale=8),
+        planted.arrays, jax.random.key(1))
     flat = jax.vmap(lambda t: ravel_pytree(t)[0])
     updates = np.asarray(flat(trained) - ravel_pytree(w0)[0][None])
     ours = np.asarray(group_of_updates(jnp.asarray(updates), 4, "edc", jax.random.key(2)))

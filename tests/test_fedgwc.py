@@ -22,7 +22,7 @@ from sklearn.metrics import adjusted_rand_score, davies_bouldin_score
 import mcfl
 from mcfl.algorithms import fedgwc as gwc
 from mcfl.algorithms.clustered import cluster_sizes
-from mcfl.engine import LocalTraining, RoundClients, train_and_collect
+from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
@@ -77,9 +77,12 @@ def test_recorded_step_losses_equal_a_per_client_loop(planted):
     clients = jnp.arange(4, dtype=jnp.int32)
     selection = RoundClients(clients, jnp.zeros_like(clients))
     start = jax.tree.map(lambda p: p[None], params)
-    recorded, stats, _ = train_and_collect(training.replace(record_losses=STEPS + 2), data, key,
-                                           start, selection)
-    plain, plain_stats, _ = train_and_collect(training, data, key, start, selection)
+    recorded, stats, _ = train_and_collect(
+        Start(start, selection, training=training.replace(record_losses=STEPS + 2)),
+        data, key)
+    plain, plain_stats, _ = train_and_collect(
+        Start(start, selection, training=training),
+        data, key)
     stepper = _stepper(training)
     assert plain_stats.step_losses is None
     for c in range(4):

@@ -61,16 +61,13 @@ def test_low_rank_equals_dense_path(setup, num_models, mu, steps, unroll, monkey
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), start)
     prox_scale = jnp.linspace(0.5, 2.0, c)
     weights = jnp.asarray(SIZES, jnp.float32)
-    collect = jax.jit(engine.train_and_collect, static_argnames=("block_size",))
-    aggregate = jax.jit(engine.train_and_aggregate, static_argnums=(7,),
-                        static_argnames=("block_size",))
-
     def results(mode):
         t = training(model, mode, mu=mu, steps=steps, batch=8)  # at most 10 steps
         key = jax.random.key(1)
-        return (collect(t, data, key, models, selection, prox_scale, block_size=3),
-                aggregate(t, data, key, models, selection, weights, start, num_models,
-                          prox_scale, block_size=3))
+        begun = engine.Start(models, selection, weights, start, num_models, training=t,
+                             prox_scale=prox_scale)
+        return (jax.jit(lambda: engine.train_and_collect(begun, data, key, block_size=3))(),
+                jax.jit(lambda: engine.train_and_aggregate(begun, data, key, block_size=3))())
 
     # the per-client path does not depend on the threshold: computed once per case
     case = (num_models, mu, steps)
@@ -94,8 +91,9 @@ def test_low_rank_equals_plain_per_client_loop(setup):
     key = jax.random.key(5)
     c = len(SIZES)
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.zeros(c, jnp.int32))
-    trained, stats, _ = engine.train_and_collect(t, data, key, jax.tree.map(lambda x: x[None],
-                                              params), selection, block_size=4)
+    trained, stats, _ = engine.train_and_collect(
+        engine.Start(jax.tree.map(lambda x: x[None], params), selection, training=t),
+        data, key, block_size=4)
     for client in (0, 1, 4):
         expected, steps = reference_local_train(t, data, key, params, client)
         assert int(stats.steps[client]) == steps
@@ -158,8 +156,9 @@ def test_factored_cnn_layer_equals_the_per_client_path(block_size, mu, steps):
     prox_scale = jnp.linspace(0.5, 2.0, c)
     key = jax.random.key(4)
     assert engine.low_rank_capacity(factored, data, models) is not None
-    out = [jax.jit(lambda t=t: engine.train_and_collect(t, data, key, models, selection,
-                                                        prox_scale, block_size=block_size))()
+    out = [jax.jit(lambda t=t: engine.train_and_collect(
+        engine.Start(models, selection, training=t, prox_scale=prox_scale),
+        data, key, block_size=block_size))()
            for t in (dense, factored)]
     assert max_diff(out[0][0], out[1][0]) < 2e-5
     np.testing.assert_array_equal(out[0][1].steps, out[1][1].steps)

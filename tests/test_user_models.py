@@ -23,7 +23,7 @@ import mcfl
 from mcfl.algorithms import get
 from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.apps.cli import main
-from mcfl.engine import LocalTraining, RoundClients, train_and_aggregate, train_and_collect
+from mcfl.engine import LocalTraining, RoundClients, Start, train_and_aggregate, train_and_collect
 from mcfl.engine.batch_rule import step_rows
 from mcfl.engine.training import dropout_key, masked_cross_entropy
 from mcfl.errors import ConfigError
@@ -421,8 +421,9 @@ def test_train_mode_equals_a_per_client_loop_and_statistics_are_averaged(data):
     key = jax.random.key(7)
     clients = jnp.array([0, 1, 3], jnp.int32)
     selection = RoundClients(clients, jnp.zeros(3, jnp.int32))
-    trained, stats, _ = jax.jit(lambda: train_and_collect(training, data, key, stacked,
-                                                       selection, block_size=2))()
+    trained, stats, _ = jax.jit(lambda: train_and_collect(
+        Start(stacked, selection, training=training),
+        data, key, block_size=2))()
     expected = [_reference_client(model, data, key, start, int(c), 3, 0.1, 4) for c in clients]
     for i in range(3):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
@@ -434,8 +435,8 @@ def test_train_mode_equals_a_per_client_loop_and_statistics_are_averaged(data):
     # FedAvg's sum: the statistics are averaged with the parameters, by training rows
     weights = data.train_counts[clients].astype(jnp.float32)
     sums, weight_sums, _, _, _ = jax.jit(lambda: train_and_aggregate(
-        training, data, key, stacked, selection, weights, jnp.zeros(3, jnp.int32), 1,
-        block_size=2))()
+        Start(stacked, selection, weights, jnp.zeros(3, jnp.int32), 1, training=training),
+        data, key, block_size=2))()
     mean = jax.tree.map(lambda s: s[0] / weight_sums[0], sums)
     w = np.asarray(weights) / np.asarray(weights).sum()
     expected_mean = jax.tree.map(lambda *leaves: sum(wi * leaf for wi, leaf in zip(w, leaves)),
@@ -498,7 +499,8 @@ def _fast_and_generic(spec, data, lr, block_size, **fields):
         training = LocalTraining(spec.apply, batch_size=4, lr=lr, local_steps=3,
                                  low_rank=low_rank, **fields)
         results.append(jax.jit(lambda t=training: train_and_collect(
-            t, data, jax.random.key(3), start, selection, block_size=block_size))()[0])
+            Start(start, selection, training=t),
+            data, jax.random.key(3), block_size=block_size))()[0])
     return results[0], results[1], start
 
 

@@ -32,11 +32,12 @@ from mcfl.algorithms.base import (
     refuse_stateful,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import weighted_mean_of
-from mcfl.engine import RoundClients, part_at, train_and_collect
+from mcfl.engine import RoundClients, Start, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.settings import setting
 
@@ -79,7 +80,7 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(state, data, key, hp, exchange):
         w = state[0]
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         adaptive = hp.params.adaptive
@@ -96,9 +97,9 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
         start = {"w": stack(w, size), "v": rows[0], "alpha": rows[1]}
         training = hp.training.replace(objective=objective, low_rank="off")
         trained, stats, exchange = train_and_collect(
-            training, data, train_key, start,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
-            sent=part_at("w"), block_size=context.block_size)
+            Start(start, RoundClients(clients, jnp.arange(size, dtype=jnp.int32)),
+                  training=training),
+            data, train_key, exchange=exchange, sent=part_at("w"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
         new_w, exchange = weighted_mean_of(trained["w"], weights, exchange, w)
         new_rows = (trained["v"], jnp.clip(trained["alpha"], 0.0, 1.0))

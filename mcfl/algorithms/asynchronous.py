@@ -34,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, shared_models, stack
+from mcfl.algorithms.base import FederatedAlgorithm, shared_models, stack, training_key
 from mcfl.algorithms.clustered import cluster_count, cluster_sizes
 from mcfl.algorithms.ifca import losses_of_models
 from mcfl.algorithms.registry import AlgorithmContext, register
@@ -183,7 +183,7 @@ def asynchronous(context: AlgorithmContext, arrivals_per_step, server_update,
         rows = state.ring.rows(flight.version, flight.cluster)
         start = Start(state.ring.models, RoundClients(flight.client, rows), weights,
                       flight.cluster, num_clusters)
-        summed, exchange = aggregate(context, start, data, jax.random.split(key)[1], hp,
+        summed, exchange = aggregate(context, start, data, training_key(key), hp,
                                      exchange)
         starts = state.ring.weighted_starts(rows, flight.cluster, exchange.weigh(weights),
                                             num_clusters)

@@ -204,11 +204,24 @@ class FederatedAlgorithm(NamedTuple):
         return self.client_state is not None and self.client_state.has_rows
 
 
+def sampling_key(round_key: jax.Array) -> jax.Array:
+    """The part of a round's key that draws its participants (stage (a): `sampled`, a
+    Poisson sample, a schedule), so that who takes part never shares random bits with what
+    they do."""
+    return jax.random.split(round_key)[0]
+
+
+def training_key(round_key: jax.Array) -> jax.Array:
+    """The part of a round's key its clients train with (stages (b)-(f)); the algorithm
+    splits it further for steps of its own (Ditto's personal models, FedRep's head)."""
+    return jax.random.split(round_key)[1]
+
+
 def sampled(clients_per_round: int, key_part: Callable = None) -> Callable:
     """`participants` of an algorithm that samples `clients_per_round` distinct clients at
-    random each round, with ``key_part(round key)`` (default: the first half of
-    ``jax.random.split(key)``, the round's other half being its training key)."""
-    part = key_part or (lambda key: jax.random.split(key)[0])
+    random each round, with ``key_part(round key)`` (default: `sampling_key`, the round's
+    other part being its `training_key`)."""
+    part = key_part or sampling_key
 
     def participants(state, data, key, round_):
         del state, round_

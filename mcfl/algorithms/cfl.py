@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_key, training_metrics
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_count,
@@ -52,6 +52,7 @@ from mcfl.algorithms.skeleton import server_sums
 from mcfl.clustering import complete_linkage, cosine_similarity
 from mcfl.engine import (
     RoundClients,
+    Start,
     occasional_cond,
     segment_mean,
     segment_sums,
@@ -269,13 +270,13 @@ def cfl(context: AlgorithmContext) -> FederatedAlgorithm:
         """The server needs every update at once (their similarities decide the splits): the
         messages are collected (through the run's transform) and summed here."""
         warmup = hp.params.warmup
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients = exchange.clients
         start, models_down = rejoined(state, data, clients, state.assignment[clients],
                                       hp.params.rejoin)
         trained, stats, exchange = train_and_collect(
-            hp.training, data, train_key, state.models, RoundClients(clients, start),
-            exchange=exchange, block_size=context.block_size)
+            Start(state.models, RoundClients(clients, start), training=hp.training),
+            data, train_key, exchange=exchange, block_size=context.block_size)
         parents = jax.tree.map(lambda m: m[start], state.models)
         trained_flat = flat_models(trained)  # [S, d]
         updates = trained_flat - flat_models(parents)

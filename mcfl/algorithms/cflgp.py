@@ -100,7 +100,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm, training_key, training_metrics
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_count,
@@ -120,6 +120,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    Start,
     block_size_for,
     map_blocks,
     masked_cross_entropy,
@@ -325,13 +326,13 @@ def cflgp(context: AlgorithmContext) -> FederatedAlgorithm:
                                                 hp.training.batch_size, context.block_size)
             return flat_models(transformed(exchange, grads)), losses, None, exchange
         trained, stats, exchange = train_and_collect(
-            hp.training, data, key, models, RoundClients(clients, start), exchange=exchange,
-            block_size=context.block_size)
+            Start(models, RoundClients(clients, start), training=hp.training),
+            data, key, exchange=exchange, block_size=context.block_size)
         return flat_models(trained) - flat_models(models)[start], stats.loss, stats, exchange
 
     def round_(state, data, key, hp, exchange):
         params = hp.params
-        train_key = jax.random.split(key)[1]  # (the first half chose the participants)
+        train_key = training_key(key)  # (the first half chose the participants)
         criterion_key, kmeans_key = (jax.random.fold_in(train_key, 1),
                                      jax.random.fold_in(train_key, 2))
         clients = exchange.clients

@@ -34,6 +34,7 @@ from mcfl.algorithms.clustered import flat_models, write_received
 from mcfl.algorithms.skeleton import transformed
 from mcfl.engine import (
     RoundClients,
+    Start,
     client_num_steps,
     segment_mean,
     train_and_aggregate,
@@ -70,9 +71,9 @@ def pretrain(data, key, w0, clients, hp, active=None, *, exchange=None, block_si
     if continues(hp.params):
         round_steps = client_num_steps(data.train_counts[clients], hp.training)
     trained, stats, _ = train_and_collect(
-        pretraining(hp.training, hp.params), data, key, stack(w0),
-        RoundClients(clients, jnp.zeros_like(clients), active, steps=round_steps),
-        exchange=exchange, sent=None, block_size=block_size)
+        Start(stack(w0), RoundClients(clients, jnp.zeros_like(clients), active, steps=round_steps),
+              training=pretraining(hp.training, hp.params)),
+        data, key, exchange=exchange, sent=None, block_size=block_size)
     updates = flat_models(trained) - ravel_pytree(w0)[0][None]
     if exchange is not None:
         updates = transformed(exchange, updates)
@@ -90,8 +91,9 @@ def group_models_going_on(data, key, pretrained, clients, taken, labels, num_gro
     rest = client_num_steps(counts, hp.training) - taken
     index = jnp.arange(clients.shape[0], dtype=jnp.int32)
     sums, weight_sums, _, _, _ = train_and_aggregate(
-        hp.training, data, key, pretrained, RoundClients(clients, index, steps=rest), counts,
-        labels, num_groups, block_size=block_size)
+        Start(pretrained, RoundClients(clients, index, steps=rest), counts, labels, num_groups,
+              training=hp.training),
+        data, key, block_size=block_size)
     return segment_mean(sums, weight_sums, jax.tree.map(jnp.zeros_like, sums))
 
 

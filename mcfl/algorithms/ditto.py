@@ -27,11 +27,12 @@ from mcfl.algorithms.base import (
     FederatedAlgorithm,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import aggregate, global_start
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, Start, train_and_collect
 from mcfl.settings import setting
 
 
@@ -61,7 +62,7 @@ def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(state, data, key, hp, exchange):
         w, w0 = state
-        global_key, personal_key = jax.random.split(jax.random.split(key)[1])
+        global_key, personal_key = jax.random.split(training_key(key))
         clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         zeros = jnp.zeros((size,), jnp.int32)
@@ -73,9 +74,10 @@ def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
         # Personal models: row 1 + i of [w, v_1 .. v_S] starts client i, row 0 pulls it.
         models = jax.tree.map(lambda g, v: jnp.concatenate([g[None], v]), w, rows)
         personal, personal_stats, _ = train_and_collect(
-            hp.training.replace(mu=hp.params.lam), data, personal_key, models,
-            RoundClients(clients, 1 + jnp.arange(size, dtype=jnp.int32), anchor_index=zeros),
-            exchange=before, sent=None, block_size=context.block_size)
+            Start(models,
+                  RoundClients(clients, 1 + jnp.arange(size, dtype=jnp.int32), anchor_index=zeros),
+                  training=hp.training.replace(mu=hp.params.lam)),
+            data, personal_key, exchange=before, sent=None, block_size=context.block_size)
         metrics = training_metrics(samples, summed.stats)
         metrics["personal_loss"] = training_metrics(samples, personal_stats)["train_loss"]
         return (new_w, w0), metrics, exchange.replace(rows=personal)

@@ -169,8 +169,9 @@ def dp_fesem(context: AlgorithmContext) -> FederatedAlgorithm:
             flat = jax.vmap(lambda m: ravel_pytree(m)[0])(block) - flat0[None]
             return clip_rows(flat @ projection, clip)
 
-        sketches, _, _ = train_and_collect(plain, data, train_key, stack(w0), selection,
-                                           features=sketch, block_size=context.block_size)
+        sketches, _, _ = train_and_collect(
+            Start(stack(w0), selection, training=plain),
+            data, train_key, features=sketch, block_size=context.block_size)
         labels, _ = private_kmeans(kmeans_key, sketches, num_clusters,
                                    hp.params.kmeans_iters, clip, noise)
         # the centers' models: W_0 plus each cluster's noised mean clipped update (the same
@@ -182,8 +183,9 @@ def dp_fesem(context: AlgorithmContext) -> FederatedAlgorithm:
             return jax.tree.map(lambda u, w: u + w[None], clipped, w0)
 
         sums, counts, _, _, _ = train_and_aggregate(
-            plain, data, train_key, stack(w0), selection, jnp.ones(clients.shape),
-            labels, num_clusters, align=clipped_from_w0, block_size=context.block_size)
+            Start(stack(w0), selection, jnp.ones(clients.shape), labels, num_clusters,
+                  training=plain, align=clipped_from_w0),
+            data, train_key, block_size=context.block_size)
         update_sums = jax.vmap(lambda m: ravel_pytree(m)[0])(sums) - counts[:, None] * flat0
         means = noised_means(update_sums, counts, jnp.zeros((num_clusters, flat0.shape[0])),
                              sum_noise_std(noise, clip), noise,

@@ -29,6 +29,7 @@ from mcfl.algorithms.base import (
     FederatedAlgorithm,
     refuse_mutable_state,
     sampled,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.fedavg import GlobalModelState
@@ -88,7 +89,7 @@ def feddane(context: AlgorithmContext) -> FederatedAlgorithm:
         return GlobalModelState(model.init(key))
 
     def round_(state, data, key, hp, exchange):
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients = exchange.clients
         zeros = jnp.zeros_like(clients)
         weights = exchange.weigh(data.train_counts[clients])

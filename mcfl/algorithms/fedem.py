@@ -40,6 +40,7 @@ from mcfl.algorithms.base import (
     refuse_stateful,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.clustered import cluster_count
@@ -52,6 +53,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    Start,
     part_at,
     row_losses,
     sums_over_client_rows,
@@ -165,7 +167,7 @@ def mixture_of_components(context: AlgorithmContext, name: str,
 
     def round_(shared, data, key, hp, exchange):
         clients, rows = exchange.clients, exchange.rows
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         pi = rows[0] if label_prior else rows
         start = shared.components
         log_pi = log_weights(pi)
@@ -188,9 +190,10 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         size = clients.shape[0]
         local = {"components": stack(start, size), "log_pi": jax.lax.stop_gradient(log_pi)}
         trained, stats, exchange = train_and_collect(
-            hp.training.replace(objective=objective, low_rank="off"), data, train_key, local,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
-            sent=part_at("components"), block_size=context.block_size)
+            Start(local, RoundClients(clients, jnp.arange(size, dtype=jnp.int32)),
+                  training=hp.training.replace(objective=objective, low_rank="off")),
+            data, train_key, exchange=exchange, sent=part_at("components"),
+            block_size=context.block_size)
         weights = counts.astype(jnp.float32)
         averaged, exchange = weighted_mean_of(trained["components"], weights, exchange,
                                               start)

@@ -86,7 +86,7 @@ from mcfl.algorithms.cold_start import (
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import complete_linkage, cosine_similarity, edc_embedding, kmeans, madc
-from mcfl.engine import occasional_cond, segment_mean, train_and_aggregate
+from mcfl.engine import Start, occasional_cond, segment_mean, train_and_aggregate
 from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
@@ -315,8 +315,8 @@ def fedgroup(context: AlgorithmContext, migrates: bool = False) -> FederatedAlgo
         start_models, selection = round_start(state.models, pretrained, clients, group,
                                               newcomer, taken, counts, hp.training)
         sums, weight_sums, _, stats, exchange = train_and_aggregate(
-            hp.training, data, train_key, start_models, selection, weights, group, num_groups,
-            exchange=exchange, block_size=block_size)
+            Start(start_models, selection, weights, group, num_groups, training=hp.training),
+            data, train_key, exchange=exchange, block_size=block_size)
         if goes_on and hp.params.newcomer_join == "update":
             sums = newcomers_as_updates(sums, state.models, state.w0, weights, newcomer, group)
         # Inter-group aggregation always runs: at eta_g = 0 it returns the models unchanged.

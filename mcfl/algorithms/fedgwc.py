@@ -99,7 +99,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, sampled, stack
+from mcfl.algorithms.base import FederatedAlgorithm, sampled, stack, training_key
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_client_models,
@@ -451,7 +451,7 @@ def fedgwc(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(state, data, key, hp, exchange):
         # the skeleton's stages (`skeleton.round_of`), with a key for the synthetic losses
-        train_key = jax.random.split(key)[1]  # (the first half chose the participants)
+        train_key = training_key(key)  # (the first half chose the participants)
         synthetic_key = jax.random.split(key, 3)[2]
         begun = cluster_start(state.clusters, data, exchange.clients, hp, num_slots)
         begun = begun._replace(training=recording(hp.training, data))

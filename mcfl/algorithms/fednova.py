@@ -23,7 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, sampled
+from mcfl.algorithms.base import FederatedAlgorithm, sampled, training_key
 from mcfl.algorithms.fedavg import GlobalModelState
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import aggregate, global_model, global_start
@@ -111,7 +111,7 @@ def fednova(context: AlgorithmContext) -> FederatedAlgorithm:
         """The skeleton's round (`skeleton.round_of`), with the exchange given to the start
         and server stages: the steps each client takes set its normalisation."""
         begun = start(state, data, exchange.clients, hp, exchange)
-        summed, exchange = aggregate(context, begun, data, jax.random.split(key)[1], hp,
+        summed, exchange = aggregate(context, begun, data, training_key(key), hp,
                                      exchange)
         state, metrics = server(state, summed, data, hp, exchange)
         return state, metrics, exchange

@@ -24,12 +24,13 @@ from mcfl.algorithms.base import (
     refuse_stateful,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.partial import joined, own_layers, split
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import weighted_mean_of
-from mcfl.engine import RoundClients, part_at, train_and_collect
+from mcfl.engine import RoundClients, Start, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy
 from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
@@ -84,18 +85,19 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
         return training.replace(objective=objective, low_rank="off")
 
     def round_(state, data, key, hp, exchange):
-        head_key, body_key = jax.random.split(jax.random.split(key)[1])
+        head_key, body_key = jax.random.split(training_key(key))
         clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         selection = RoundClients(clients, jnp.arange(size, dtype=jnp.int32))
         start = {"body": stack(state[0], size), "head": rows}
         head_training = hp.training.replace(local_epochs=hp.params.head_epochs,
                                             local_steps=None)
-        heads, _, _ = train_and_collect(objective_training(head_training, "head"), data,
-                                        head_key, start, selection, block_size=context.block_size)
+        heads, _, _ = train_and_collect(
+            Start(start, selection, training=objective_training(head_training, "head")),
+            data, head_key, block_size=context.block_size)
         trained, stats, exchange = train_and_collect(
-            objective_training(hp.training, "body"), data, body_key, heads, selection,
-            exchange=exchange, sent=part_at("body"), block_size=context.block_size)
+            Start(heads, selection, training=objective_training(hp.training, "body")),
+            data, body_key, exchange=exchange, sent=part_at("body"), block_size=context.block_size)
         weights = data.train_counts[clients].astype(jnp.float32)
         body, exchange = weighted_mean_of(trained["body"], weights, exchange, state[0])
         return ((body, state[1]), training_metrics(weights, stats),

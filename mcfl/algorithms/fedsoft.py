@@ -43,6 +43,7 @@ from mcfl.algorithms.base import (
     ClientState,
     FederatedAlgorithm,
     sampled,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.clustered import cluster_count
@@ -54,6 +55,7 @@ from mcfl.engine import (
     ApplyFn,
     PyTree,
     RoundClients,
+    Start,
     occasional_cond,
     row_losses,
     sums_over_client_rows,
@@ -165,7 +167,7 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(shared, data, key, hp, exchange):
         clients, rows = exchange.clients, exchange.rows
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         due = shared.round % hp.params.interval == 0
         weights = occasional_cond(due, lambda: estimate(shared, data, hp), lambda: shared.weights)
         shared = shared.replace(weights=weights)
@@ -177,9 +179,9 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
                               soft_centers(shared.centers, u))
         index = jnp.arange(size, dtype=jnp.int32)
         trained, stats, exchange = train_and_collect(
-            hp.training.replace(mu=hp.params.lam), data, train_key, models,
-            RoundClients(clients, index, anchor_index=size + index), exchange=exchange,
-            sent=None, block_size=context.block_size)
+            Start(models, RoundClients(clients, index, anchor_index=size + index),
+                  training=hp.training.replace(mu=hp.params.lam)),
+            data, train_key, exchange=exchange, sent=None, block_size=context.block_size)
         starts = jax.tree.map(lambda m: m[:size], models)
         counts = data.train_counts[clients].astype(jnp.float32)
         share = u * counts[:, None]  # [S, K] the paper's aggregation weights, unnormalised

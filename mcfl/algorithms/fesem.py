@@ -134,7 +134,8 @@ def fesem(context: AlgorithmContext, align_to_centers=None) -> FederatedAlgorith
         selection = RoundClients(clients, jnp.zeros_like(clients))
         plain = hp.training.replace(mu=None)
         points, _, _ = train_and_collect(
-            plain, data, train_key, stack(w0), selection,
+            Start(stack(w0), selection, training=plain),
+            data, train_key,
             features=lambda block: stacked_features(block, hp.params.last_layer),
             block_size=context.block_size)
         return points
@@ -149,9 +150,9 @@ def fesem(context: AlgorithmContext, align_to_centers=None) -> FederatedAlgorith
             clients = jnp.arange(data.num_clients, dtype=jnp.int32)
             selection = RoundClients(clients, jnp.zeros_like(clients))
             sums, weight_sums, _, _, _ = train_and_aggregate(
-                hp.training.replace(mu=None), data, train_key, stack(w0), selection,
-                m_step_weights(data, clients, hp.params), labels, num_clusters,
-                block_size=context.block_size)
+                Start(stack(w0), selection, m_step_weights(data, clients, hp.params), labels,
+                      num_clusters, training=hp.training.replace(mu=None)),
+                data, train_key, block_size=context.block_size)
             centers = segment_mean(sums, weight_sums, stack(w0, num_clusters))
         else:
             centers = unravel_rows(means, w0)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
-from mcfl.algorithms.base import FederatedAlgorithm, stack, training_metrics
+from mcfl.algorithms.base import FederatedAlgorithm, stack, training_key, training_metrics
 from mcfl.algorithms.clustered import (
     ClusterState,
     cluster_count,
@@ -36,7 +36,7 @@ from mcfl.algorithms.clustered import (
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.clustering import agglomerative, squared_distances
 from mcfl.clustering.linkage import LINKAGES
-from mcfl.engine import RoundClients, occasional_cond, train_and_collect
+from mcfl.engine import RoundClients, Start, occasional_cond, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
@@ -81,8 +81,8 @@ def flhc(context: AlgorithmContext) -> FederatedAlgorithm:
         zeros = jnp.zeros_like(clients)
         global_model = jax.tree.map(lambda m: m[:1], state.models)
         trained, stats, exchange = train_and_collect(
-            hp.training, data, jax.random.split(key)[1], global_model,
-            RoundClients(clients, zeros), features=flat_models, exchange=exchange,
+            Start(global_model, RoundClients(clients, zeros), training=hp.training),
+            data, training_key(key), features=flat_models, exchange=exchange,
             block_size=context.block_size)
         updates = trained - flat_models(global_model)  # [C, d]
         distance = jnp.sqrt(jnp.maximum(squared_distances(updates, updates), 0.0))

@@ -106,10 +106,10 @@ def ifca(context: AlgorithmContext) -> FederatedAlgorithm:
         init_key, sample_key, train_key, seed_key = jax.random.split(key, 4)
         sampled = sample_clients(sample_key, data.num_clients,
                                  max(clients_per_round, num_clusters))
-        local, _, _ = train_and_collect(hp.training, data, train_key,
-                                        stack(model.init(init_key)),
-                                        RoundClients(sampled, jnp.zeros_like(sampled)),
-                                        block_size=context.block_size)
+        local, _, _ = train_and_collect(
+            Start(stack(model.init(init_key)), RoundClients(sampled, jnp.zeros_like(sampled)),
+                  training=hp.training),
+            data, train_key, block_size=context.block_size)
         chosen = kmeans_plusplus_indices(seed_key, flat_models(local), num_clusters)
         return jax.tree.map(lambda m: m[chosen], local)
 

@@ -8,7 +8,6 @@ model.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import (
@@ -17,10 +16,11 @@ from mcfl.algorithms.base import (
     from_rows,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, Start, train_and_collect
 
 
 @register("local", reference="NonFed baseline",
@@ -39,12 +39,12 @@ def local(context: AlgorithmContext) -> FederatedAlgorithm:
         return stack(w0, clients.shape[0])
 
     def round_(w0, data, key, hp, exchange):
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients = exchange.clients
         positions = jnp.arange(clients.shape[0], dtype=jnp.int32)
         trained, stats, exchange = train_and_collect(
-            hp.training, data, train_key, exchange.rows, RoundClients(clients, positions),
-            exchange=exchange, sent=None, block_size=context.block_size)
+            Start(exchange.rows, RoundClients(clients, positions), training=hp.training),
+            data, train_key, exchange=exchange, sent=None, block_size=context.block_size)
         metrics = training_metrics(data.train_counts[clients], stats)
         metrics.update(models_down=jnp.zeros(()), models_up=jnp.zeros(()))  # nothing is sent
         return w0, metrics, exchange.replace(rows=trained)

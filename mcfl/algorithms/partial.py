@@ -33,11 +33,12 @@ from mcfl.algorithms.base import (
     from_rows,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import weighted_mean_of
-from mcfl.engine import Part, RoundClients, train_and_collect
+from mcfl.engine import Part, RoundClients, Start, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
@@ -103,7 +104,7 @@ def partial_personalisation(context: AlgorithmContext, own_of) -> FederatedAlgor
         return stack(state[1], clients.shape[0])
 
     def round_(state, data, key, hp, exchange):
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         own = frozenset(state[1]["params"] if collections else state[1])
@@ -112,9 +113,9 @@ def partial_personalisation(context: AlgorithmContext, own_of) -> FederatedAlgor
                                                 collections))
         start = joined(stack(state[0], size), rows, collections)
         trained, stats, exchange = train_and_collect(
-            hp.training, data, train_key, start,
-            RoundClients(clients, jnp.arange(size, dtype=jnp.int32)), exchange=exchange,
-            sent=sent, block_size=context.block_size)
+            Start(start, RoundClients(clients, jnp.arange(size, dtype=jnp.int32)),
+                  training=hp.training),
+            data, train_key, exchange=exchange, sent=sent, block_size=context.block_size)
         trained_shared, trained_own = split(trained, own, collections)
         weights = data.train_counts[clients].astype(jnp.float32)
         averaged, exchange = weighted_mean_of(trained_shared, weights, exchange, state[0])

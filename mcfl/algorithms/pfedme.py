@@ -32,11 +32,12 @@ from mcfl.algorithms.base import (
     refuse_stateful,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import plain_mean_of
-from mcfl.engine import RoundClients, part_at, train_and_collect
+from mcfl.engine import RoundClients, Start, part_at, train_and_collect
 from mcfl.engine.training import masked_cross_entropy, squared_distance
 from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
@@ -86,7 +87,7 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
         # theta starts at the global model each round; rows are for evaluation
         clients = exchange.clients
         w = state[0]
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         size = clients.shape[0]
         lam, personal_lr, lr = hp.params.lam, hp.params.personal_lr, hp.training.lr
 
@@ -106,9 +107,9 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
 
         start = stack({"w": w, "theta": w})
         trained, stats, exchange = train_and_collect(
-            hp.training.replace(objective=objective, low_rank="off"), data, train_key, start,
-            RoundClients(clients, jnp.zeros((size,), jnp.int32)), exchange=exchange,
-            sent=part_at("w"), block_size=context.block_size)
+            Start(start, RoundClients(clients, jnp.zeros((size,), jnp.int32)),
+                  training=hp.training.replace(objective=objective, low_rank="off")),
+            data, train_key, exchange=exchange, sent=part_at("w"), block_size=context.block_size)
         beta = hp.params.beta
         mean, exchange = plain_mean_of(trained["w"], exchange, w)
         new_w = jax.tree.map(lambda g, m: (1.0 - beta) * g + beta * m, w, mean)

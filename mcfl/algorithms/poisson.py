@@ -4,10 +4,9 @@ clients in fixed slots, those that joined first (`mcfl.privacy.sampling`), with 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm
+from mcfl.algorithms.base import FederatedAlgorithm, sampling_key
 from mcfl.engine.sampling import resolve_clients_per_round
 from mcfl.privacy.sampling import poisson_capacity, poisson_clients
 
@@ -23,7 +22,7 @@ def with_poisson_sampling(algorithm: FederatedAlgorithm,
         population = data.num_clients
         expected = resolve_clients_per_round(clients_per_round, population)
         capacity = poisson_capacity(population, expected)
-        clients, present, _ = poisson_clients(jax.random.split(key)[0], population,
+        clients, present, _ = poisson_clients(sampling_key(key), population,
                                               expected / population, capacity)
         return clients, present
 
@@ -32,7 +31,7 @@ def with_poisson_sampling(algorithm: FederatedAlgorithm,
         population = data.num_clients
         expected = resolve_clients_per_round(clients_per_round, population)
         capacity = poisson_capacity(population, expected)
-        _, _, overflow = poisson_clients(jax.random.split(key)[0], population,
+        _, _, overflow = poisson_clients(sampling_key(key), population,
                                          expected / population, capacity)
         metrics = {**metrics, "clients_reported": jnp.sum(exchange.present),
                    "poisson_overflow": overflow.astype(jnp.float32)}

@@ -34,6 +34,7 @@ from mcfl.algorithms.base import (
     FederatedAlgorithm,
     PopulationStart,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.clustered import (
@@ -48,7 +49,7 @@ from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.stored import at_storage_precision
 from mcfl.clustering.robust import CENTROIDS, segment_statistic, trimmed_kmeans
 from mcfl.clustering.streamed import trimmed_kmeans_streamed
-from mcfl.engine import RoundClients, train_and_collect
+from mcfl.engine import RoundClients, Start, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import Static, setting
 
@@ -90,9 +91,9 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
         training = hp.training
         if hp.params.start_epochs:
             training = training.replace(local_epochs=hp.params.start_epochs, local_steps=None)
-        points, _, _ = train_and_collect(training, data, train_key, stack(w0),
-                                         RoundClients(clients, jnp.zeros_like(clients)),
-                                         features=flat_models, block_size=context.block_size)
+        points, _, _ = train_and_collect(
+            Start(stack(w0), RoundClients(clients, jnp.zeros_like(clients)), training=training),
+            data, train_key, features=flat_models, block_size=context.block_size)
         return points
 
     def start_state(key, labels, centers):
@@ -128,12 +129,12 @@ def robust(context: AlgorithmContext) -> FederatedAlgorithm:
                               "a sum; a message transform with a server part (noise on sums) "
                               "does not apply to it")
         params = hp.params
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients = exchange.clients
         cluster = state.assignment[clients]
         trained, stats, exchange = train_and_collect(
-            hp.training, data, train_key, state.models, RoundClients(clients, cluster),
-            exchange=exchange, block_size=context.block_size)
+            Start(state.models, RoundClients(clients, cluster), training=hp.training),
+            data, train_key, exchange=exchange, block_size=context.block_size)
         flat = flat_models(trained)  # [S, d]
         aggregate, counts = segment_statistic(flat, cluster, num_clusters, params.aggregator,
                                               params.trim)

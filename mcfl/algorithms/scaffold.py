@@ -32,11 +32,12 @@ from mcfl.algorithms.base import (
     from_rows,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
 from mcfl.algorithms.skeleton import plain_mean_of, sum_of, transformed
-from mcfl.engine import UPDATES, RoundClients, train_and_collect
+from mcfl.engine import UPDATES, RoundClients, Start, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.settings import setting
 
@@ -79,14 +80,15 @@ def scaffold(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(state, data, key, hp, exchange):
         x, c = state
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         clients, rows = exchange.clients, exchange.rows
         size = clients.shape[0]
         correction = jax.tree.map(lambda cg, ci: cg[None] - ci, c, rows)  # c - c_i
         trained, stats, exchange = train_and_collect(
-            hp.training, data, train_key, stack(x),
-            RoundClients(clients, jnp.zeros((size,), jnp.int32), correction=correction),
-            exchange=exchange, sent=None, block_size=context.block_size)
+            Start(stack(x),
+                  RoundClients(clients, jnp.zeros((size,), jnp.int32), correction=correction),
+                  training=hp.training),
+            data, train_key, exchange=exchange, sent=None, block_size=context.block_size)
         steps = stats.steps.astype(jnp.float32)
         scale = jnp.where(steps > 0, 1.0 / jnp.maximum(steps * hp.training.lr, 1e-30), 0.0)
 

@@ -21,7 +21,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
+from mcfl.algorithms.base import (
+    FederatedAlgorithm,
+    PopulationStart,
+    sampling_key,
+    training_key,
+    wrapping,
+)
 from mcfl.engine.permutation import permute
 from mcfl.engine.sampling import sample_clients
 
@@ -67,12 +73,12 @@ def with_schedule(algorithm: FederatedAlgorithm, schedule: str,
                 ScheduleState(jax.random.key_data(order_key)))
 
     def participants(state, data, key, round_):
-        return scheduled_clients(state[1], jax.random.split(key)[0], data.num_clients,
+        return scheduled_clients(state[1], sampling_key(key), data.num_clients,
                                  clients_per_round, round_)
 
     def round_(state, data, key, hp, exchange):
         inner, schedule_state = state
-        inner, metrics, exchange = algorithm.round(inner, data, jax.random.split(key)[1], hp,
+        inner, metrics, exchange = algorithm.round(inner, data, training_key(key), hp,
                                                    exchange)
         return (inner, schedule_state), metrics, exchange
 
@@ -80,9 +86,9 @@ def with_schedule(algorithm: FederatedAlgorithm, schedule: str,
     inner_start = algorithm.client_state and algorithm.client_state.start
     if inner_start:
         start = PopulationStart(
-            lambda data, key, hp, clients: inner_start.points(data, jax.random.split(key)[1],
+            lambda data, key, hp, clients: inner_start.points(data, training_key(key),
                                                               hp, clients),
             lambda data, key, hp, source: (
-                inner_start.finish(data, jax.random.split(key)[1], hp, source),
-                ScheduleState(jax.random.key_data(jax.random.split(key)[0]))))
+                inner_start.finish(data, training_key(key), hp, source),
+                ScheduleState(jax.random.key_data(sampling_key(key)))))
     return wrapping(algorithm, init, round_, participants, start=start)

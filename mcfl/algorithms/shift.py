@@ -23,7 +23,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, wrapping
+from mcfl.algorithms.base import FederatedAlgorithm, PopulationStart, training_key, wrapping
 from mcfl.data.federated import FederatedData, client_label_counts
 from mcfl.engine import occasional_cond
 from mcfl.engine.sampling import sample_clients
@@ -179,7 +179,7 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
         # (the inner round's key is the round key's second half; the clients are drawn before
         # this round's shift, which changes owners, never the clients)
         return algorithm.participants(state[0], view(data, state[1]),
-                                      jax.random.split(key)[1], round_)
+                                      training_key(key), round_)
 
     def round_(state, data, key, hp, exchange):
         inner, shift = state

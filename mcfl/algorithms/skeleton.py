@@ -26,7 +26,7 @@ every message still passes through the transform, because the engine applies it 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from mcfl.algorithms.base import (
     sampled,
     shared_models,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.registry import AlgorithmContext
@@ -47,32 +48,11 @@ from mcfl.engine import (
     LocalTraining,
     PyTree,
     RoundClients,
+    Start,
     segment_mean,
     server_part,
     train_and_aggregate,
 )
-
-
-class Start(NamedTuple):
-    """Stage (b): the models the round's clients start from (`models` [M, ...]; client i from
-    ``models[selection.start_index[i]]``), and how their messages are summed: into segment
-    ``segments[i]`` of `num_segments` (or the one ``assign(messages)`` picks after training:
-    FeSEM's E-step), times ``weights[i]``. `training`: how they train (None: ``hp.training``);
-    `prox_scale` [S] scales a proximal term per client; `align` rewrites a block of messages
-    before they are summed (FeSEM-MA); `reference` [K, ...]: the model each segment's messages
-    are updates of, when a client may be summed into another segment than its start's
-    (DP-FeSEM's joined center; default: the start models, where that is so)."""
-
-    models: PyTree
-    selection: RoundClients
-    weights: jax.Array
-    segments: jax.Array
-    num_segments: int = 1
-    training: Optional[LocalTraining] = None
-    prox_scale: Any = 1.0
-    assign: Optional[Callable] = None
-    align: Optional[Callable] = None
-    reference: Optional[PyTree] = None
 
 
 def global_start(params: PyTree, clients: jax.Array, weights: jax.Array,
@@ -116,9 +96,8 @@ def aggregate(context: AlgorithmContext, start: Start, data, key, hp,
     training = hp.training if start.training is None else start.training
     weights = exchange.weigh(start.weights)
     sums, weight_sums, segments, stats, exchange = train_and_aggregate(
-        training, data, key, start.models, start.selection, weights, start.segments,
-        start.num_segments, start.prox_scale, start.assign, start.align, exchange=exchange,
-        block_size=context.block_size, reference=_reference(start))
+        start._replace(training=training, weights=weights, reference=_reference(start)),
+        data, key, exchange=exchange, block_size=context.block_size)
     exchange = observed(exchange, stats.update_norm)
     return Aggregate(start.selection.clients, sums, weight_sums, segments, stats,
                      weights, start.selection.start_index), exchange
@@ -265,7 +244,7 @@ def round_of(context: AlgorithmContext, start: Callable, server: Callable) -> Ca
     (b) and ``server(state, aggregate, data, hp) -> (state, metrics)`` (f). The round key's
     first half chose the participants (`base.sampled`), its second trains them."""
     def round_(state, data, key, hp, exchange):
-        train_key = jax.random.split(key)[1]
+        train_key = training_key(key)
         begun = start(state, data, exchange.clients, hp)
         summed, exchange = aggregate(context, begun, data, train_key, hp, exchange)
         state, metrics = server(state, summed, data, hp)

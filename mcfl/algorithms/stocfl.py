@@ -43,6 +43,7 @@ from mcfl.algorithms.base import (
     refuse_stateful,
     sampled,
     stack,
+    training_key,
     training_metrics,
 )
 from mcfl.algorithms.clustered import flat_models
@@ -53,6 +54,7 @@ from mcfl.engine import (
     CLIENT_ROWS_CHUNK,
     PyTree,
     RoundClients,
+    Start,
     block_size_for,
     by_length,
     ceil_div,
@@ -186,7 +188,7 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def round_(shared, data, key, hp, exchange):
         clients, psi = exchange.clients, exchange.rows
-        train_key, global_key = jax.random.split(jax.random.split(key)[1])
+        train_key, global_key = jax.random.split(training_key(key))
         new = ~shared.observed[clients]
         psi = occasional_cond(
             jnp.any(new),
@@ -218,9 +220,9 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
         index = (slot + 1).astype(jnp.int32)
         zeros = jnp.zeros((size,), jnp.int32)
         trained, stats, exchange = train_and_collect(
-            hp.training.replace(mu=hp.params.mu), data, train_key, start,
-            RoundClients(clients, index, anchor_index=zeros), exchange=exchange,
-            block_size=context.block_size)
+            Start(start, RoundClients(clients, index, anchor_index=zeros),
+                  training=hp.training.replace(mu=hp.params.mu)),
+            data, train_key, exchange=exchange, block_size=context.block_size)
         ones = jnp.ones((size,), jnp.float32)
         summed, exchange = aggregate(
             context, global_start(shared.global_model, clients, ones, hp.training), data,

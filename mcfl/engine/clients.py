@@ -9,7 +9,7 @@ others train per client (`training.local_train`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from mcfl.engine.blocks import (
 )
 from mcfl.engine.training import (
     ClientStats,
+    ClientTask,
     LocalTraining,
     PyTree,
     ceil_div,
@@ -60,6 +61,34 @@ class RoundClients(NamedTuple):
     # caps them: E epochs or `local_steps`): FlexCFL's newcomers continue their last E - 1
     # epochs after a pre-training epoch
     steps: Optional[jax.Array] = None
+
+
+class Start(NamedTuple):
+    """Stage (b): the models the round's clients start from (`models` [M, ...]; client i from
+    ``models[selection.start_index[i]]``), how they train (`training`; an algorithm's round
+    may leave it None for ``hp.training``, `mcfl.algorithms.skeleton.aggregate`), and, when
+    their messages are summed, how: into segment ``segments[i]`` of `num_segments` (or the
+    one ``assign(messages)`` picks after training: FeSEM's E-step), times ``weights[i]``.
+    `prox_scale` [S] scales a proximal term per client; `align` rewrites a block of messages
+    before they are summed (FeSEM-MA); `reference` [K, ...]: the model each segment's
+    messages are updates of, for a transform acting on update sums (`server_part`)."""
+
+    models: PyTree
+    selection: RoundClients
+    weights: Optional[jax.Array] = None
+    segments: Optional[jax.Array] = None
+    num_segments: int = 1
+    training: Optional[LocalTraining] = None
+    prox_scale: Any = 1.0
+    assign: Optional[Callable] = None
+    align: Optional[Callable] = None
+    reference: Optional[PyTree] = None
+
+
+def _training_of(start: Start) -> LocalTraining:
+    if start.training is None:
+        raise ValueError("the engine trains a Start with its training given")
+    return start.training
 
 
 class Part(NamedTuple):
@@ -143,17 +172,15 @@ def _training_block_fn(training, data, key, start_models, exchange, capacity=Non
         if "anchor" in inp:
             anchor = jax.tree.map(lambda m: m[inp["anchor"]], start_models)
         step_losses = None
+        task = ClientTask(inp["client"], inp["steps"], loop_length, inp["prox_scale"],
+                          masked=not alone)
         if capacity is None:
             trained, loss_sum, taken, *recorded = local_train(
-                training, data, key, start, anchor, inp["client"], inp["steps"], loop_length,
-                inp["prox_scale"], masked=not alone, correction=inp.get("correction"),
-            )
+                training, data, key, start, anchor, task, correction=inp.get("correction"))
             step_losses = recorded[0] if recorded else None
         else:
-            trained, loss_sum, taken = local_train_factored(
-                training, data, key, start, inp["client"], inp["steps"], loop_length,
-                inp["prox_scale"], capacity, masked=not alone,
-            )
+            trained, loss_sum, taken = local_train_factored(training, data, key, start, task,
+                                                            capacity)
         stats = ClientStats(
             loss=loss_sum / jnp.maximum(taken, 1),
             steps=taken,
@@ -208,10 +235,9 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, sum_in_block
     def block_fn(block):
         @loop_scope(steps_key(training))
         def train(loop_length):
-            return lowrank.train_block(
-                layers, training.lr, training.mu, training.batch_size, capacity, data, key,
-                start, shared, block, loop_length,
-            )
+            sgd = lowrank.LowRankSGD(layers, training.lr, training.mu, training.batch_size,
+                                     capacity)
+            return lowrank.train_block(sgd, data, key, start, shared, block, loop_length)
 
         loop_length = jnp.max(block["steps"])
         # A block of clients that take no step (inactive ones, sorted last) skips even the
@@ -261,14 +287,15 @@ def _message_fn(exchange, start_models, sent: Optional[Part], collections):
     return apply
 
 
-def _prepare_training(training, data, key, start_models, selection, weights, segments,
-                      prox_scale, assign, exchange, sent=WHOLE, sum_in_block=False, align=None):
+def _prepare_training(start: Start, data, key, exchange, sent=WHOLE, sum_in_block=False):
     """The clients' inputs and the block function, shared by the collecting and the reducing
     entry points: train (stage (c)), the message transform (stage (d)), then the segment
-    (`assign`, decided on the messages: FeSEM's E-step) and `align`. Clients with gradient
-    corrections or their own anchors train on the per-client path."""
-    inputs = _training_inputs(training, data, selection, weights, segments, prox_scale,
-                              exchange)
+    (`start.assign`, decided on the messages: FeSEM's E-step) and `start.align`. Clients with
+    gradient corrections or their own anchors train on the per-client path."""
+    training, start_models, selection = _training_of(start), start.models, start.selection
+    assign, align = start.assign, start.align
+    inputs = _training_inputs(training, data, selection, start.weights, start.segments,
+                              start.prox_scale, exchange)
     per_client = selection.correction is not None or selection.anchor_index is not None
     capacity = None if per_client else low_rank_capacity(training, data, start_models)
     messages = _message_fn(exchange, start_models, sent, training.collections)
@@ -303,20 +330,18 @@ def _returned_norm_layers(exchange, inputs, own):
 
 
 def train_and_collect(
-    training: LocalTraining,
+    start: Start,
     data: FederatedData,
     key: jax.Array,
-    start_models: PyTree,
-    selection: RoundClients,
-    prox_scale: jax.Array | float = 1.0,
     features: Optional[Callable[[PyTree], jax.Array]] = None,
     *,
     exchange=None,
     sent: Optional[Part] = WHOLE,
     block_size: Optional[int] = None,
 ) -> tuple[PyTree, ClientStats, object]:
-    """Train the selected clients, each from ``start_models[start_index]`` (also its proximal
-    anchor), and return their trained models stacked [S, ...] in selection order, their stats
+    """Train the clients of `start` by its training, each from ``start.models[start_index]``
+    (also its proximal anchor, scaled by ``start.prox_scale``; its weights and segments are
+    not used), and return their trained models stacked [S, ...] in selection order, their stats
     and the exchange; with `features` (a block of models [b, ...] -> [b, f]), each block's
     features instead, so that the models of all S clients are never held at once (FeSEM's and
     Robust's start: the clients' flattened models, [S, d]). Blocks of `block_size` clients
@@ -329,11 +354,10 @@ def train_and_collect(
     transformed update). ``sent=None``: the clients keep what they trained and send none of it
     (Local, Ditto's personal models): their own normalisation layers, no transform. Without an
     exchange (outside a round), neither."""
-    size = selection.clients.shape[0]
-    inputs, block_fn = _prepare_training(
-        training, data, key, start_models, selection, jnp.zeros(size),
-        jnp.zeros(size, jnp.int32), prox_scale, None, exchange, sent,
-    )
+    size = start.selection.clients.shape[0]
+    start = start._replace(weights=jnp.zeros(size), segments=jnp.zeros(size, jnp.int32),
+                           assign=None, align=None)
+    inputs, block_fn = _prepare_training(start, data, key, exchange, sent)
     if features is not None:
         train_block = block_fn
 
@@ -341,53 +365,43 @@ def train_and_collect(
             trained, segment, aux = train_block(block)
             return features(trained), segment, aux
 
-    block_size = block_size_for(start_models, size, block_size)
+    block_size = block_size_for(start.models, size, block_size)
     models, _, (stats, own) = map_clients(block_fn, inputs, inputs["steps"], block_size)
     return models, _reported(stats, exchange, inputs["client"]), \
         _returned_norm_layers(exchange, inputs, own)
 
 
 def train_and_aggregate(
-    training: LocalTraining,
+    start: Start,
     data: FederatedData,
     key: jax.Array,
-    start_models: PyTree,
-    selection: RoundClients,
-    weights: jax.Array,
-    segments: jax.Array,
-    num_segments: int,
-    prox_scale: jax.Array | float = 1.0,
-    assign: Optional[Callable[[PyTree], jax.Array]] = None,
-    align: Optional[Callable[[PyTree, jax.Array], PyTree]] = None,
     *,
     exchange=None,
     block_size: Optional[int] = None,
-    reference: Optional[PyTree] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array, ClientStats, object]:
-    """Train the selected clients (stage (c)), pass each one's message through the exchange's
-    transform (stage (d)) and return weighted per-segment sums of their models ([K, ...],
-    stage (e), with the transform's server part applied), the per-segment weight sums [K],
-    each client's segment [S], per-client stats [S] (in selection order) and the exchange.
+    """Train the clients of `start` by its training (stage (c)), pass each one's message
+    through the exchange's transform (stage (d)) and return weighted per-segment sums of
+    their models ([K, ...], stage (e), with the transform's server part applied), the
+    per-segment weight sums [K], each client's segment [S], per-client stats [S] (in
+    selection order) and the exchange.
     Client models are never all alive at once: only one block of them.
 
-    A client's segment is ``segments[i]``, or, with `assign`, ``assign(message_block)``
-    computed after training (FeSEM's E-step on the freshly trained models). With `align`, the
-    block's models are replaced by ``align(trained_block, segment)`` before they are summed
-    (FeSEM-MA's matched averaging). Blocks and the exchange as in `train_and_collect`;
-    `reference` [K, ...]: the model each segment's clients started from, for a transform that
-    acts on update sums (`server_part`).
+    A client's segment is ``start.segments[i]``, or, with `start.assign`,
+    ``assign(message_block)`` computed after training (FeSEM's E-step on the freshly trained
+    models). With `start.align`, the block's models are replaced by ``align(trained_block,
+    segment)`` before they are summed (FeSEM-MA's matched averaging). Blocks and the exchange
+    as in `train_and_collect`; `start.reference` [K, ...]: the model each segment's clients
+    started from, for a transform that acts on update sums (`server_part`).
     """
-    inputs, block_fn = _prepare_training(
-        training, data, key, start_models, selection, weights, segments, prox_scale, assign,
-        exchange, sum_in_block=num_segments == 1, align=align,
-    )
-    like = jax.tree.map(lambda m: m[0], start_models)
-    block_size = block_size_for(start_models, selection.clients.shape[0], block_size)
+    inputs, block_fn = _prepare_training(start, data, key, exchange,
+                                         sum_in_block=start.num_segments == 1)
+    like = jax.tree.map(lambda m: m[0], start.models)
+    block_size = block_size_for(start.models, start.selection.clients.shape[0], block_size)
     sums, weight_sums, (segment, (stats, own)) = reduce_clients(
-        block_fn, inputs, inputs["steps"], block_size, num_segments, like
+        block_fn, inputs, inputs["steps"], block_size, start.num_segments, like
     )
     exchange = _returned_norm_layers(exchange, inputs, own)
-    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, reference)
+    sums, weight_sums, exchange = server_part(exchange, sums, weight_sums, start.reference)
     stats = _reported(stats, exchange, inputs["client"])
     return sums, weight_sums, segment, stats, exchange
 

@@ -223,26 +223,32 @@ def _select(pred, new: PyTree, old: PyTree) -> PyTree:
     return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
 
 
+class ClientTask(NamedTuple):
+    """One client's part of a block's training: its id, its real steps `num_steps` of the
+    block's `loop_length` iterations (its longest client's), the scale of its proximal weight
+    (``training.mu * prox_scale``: FeSEM weighs it per client, Eq. 8), and whether its steps
+    are masked (False: the caller promises ``num_steps == loop_length``, a block of one)."""
+
+    client: jax.Array
+    num_steps: jax.Array
+    loop_length: jax.Array
+    prox_scale: jax.Array | float = 1.0
+    masked: bool = True
+
+
 def local_train(
     training: LocalTraining,
     data: FederatedData,
     key: jax.Array,
     params: PyTree,
     anchor: PyTree,
-    client: jax.Array,
-    num_steps: jax.Array,
-    loop_length: jax.Array,
-    prox_scale: jax.Array | float = 1.0,
-    masked: bool = True,
+    task: ClientTask,
     correction: Optional[PyTree] = None,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
-    """One client's local training (unbatched; the engine vmaps it over a block).
-
-    Runs `loop_length` iterations (the block's longest client) of which the first `num_steps`
-    are real; with ``masked=False`` the caller promises they are the same (a block of one
-    client), and the steps skip the masking. Step s reads `batch_rule.step_rows_keyed` of
-    the round `key`. The proximal weight is ``training.mu * prox_scale`` (FeSEM weighs it per
-    client, Eq. 8). A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
+    """One client's local training (unbatched; the engine vmaps it over a block): `task`'s
+    `loop_length` iterations, of which the first `num_steps` are real (`ClientTask`). Step s
+    reads `batch_rule.step_rows_keyed` of the round `key`; the proximal term pulls to
+    `anchor`. A `correction` tree c adds the linear term ``<c, W>`` to the objective, so every
     step's gradient gains c (FedDANE's gradient correction).
     Returns the trained parameters, the summed training loss of the real steps, and the number
     of steps that changed the parameters (counted, not assumed); with ``training.record_losses``
@@ -252,21 +258,11 @@ def local_train(
         if training.objective is not None:
             raise ValueError("an algorithm's own local objective needs a model without "
                              "mutable collections or dropout")
-        return _local_train_stateful(training, data, key, params, anchor, client, num_steps,
-                                     loop_length, prox_scale, masked, correction)
+        return _local_train_stateful(training, data, key, params, anchor, task, correction)
+    client, num_steps, loop_length, prox_scale, masked = task
     batch = training.batch_size
     optimizer = training.transform()
-
-    def objective(p, xb, yb, mask):
-        if training.objective is not None:
-            total, loss = training.objective(p, xb, yb, mask)
-        else:
-            loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
-            total = loss
-        if training.mu is not None:
-            total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
-        return total, loss
-
+    objective = _client_objective(training, anchor, prox_scale)
     shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
 
     def step(s, carry):
@@ -294,6 +290,42 @@ def local_train(
     return (params, loss_sum, taken) + (() if record is None else (record,))
 
 
+def _client_objective(training: LocalTraining, anchor: PyTree, prox_scale) -> Callable:
+    """``(params, x, y, mask) -> (objective, reported loss)``: the algorithm's own objective
+    or the masked cross-entropy, plus the proximal pull to `anchor` when ``training.mu`` is
+    set."""
+    def objective(p, xb, yb, mask):
+        if training.objective is not None:
+            total, loss = training.objective(p, xb, yb, mask)
+        else:
+            loss = masked_cross_entropy(training.apply_fn(p, xb), yb, mask)
+            total = loss
+        if training.mu is not None:
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(p, anchor)
+        return total, loss
+
+    return objective
+
+
+def _factored_objective(training: LocalTraining, kernel0, anchor: PyTree, prox_scale
+                        ) -> Callable:
+    """`local_train_factored`'s objective of the parameters without the large kernel and of
+    the zero offset on its pre-activations, given the kernel's factored change so far
+    (``hist_in^T hist_grad``); its aux is the loss and the layer's inputs h."""
+    layer = training.factored
+
+    def objective(rest, offset, xb, yb, mask, hist_in, hist_grad):
+        h = layer.trunk(rest, xb)  # [B, in]
+        z = h @ kernel0 + (h @ hist_in.T) @ hist_grad + rest[layer.name]["bias"] + offset
+        loss = masked_cross_entropy(layer.head(rest, z), yb, mask)
+        total = loss
+        if training.mu is not None:
+            total = total + 0.5 * training.mu * prox_scale * squared_distance(rest, anchor)
+        return total, (loss, h)
+
+    return objective
+
+
 def _record(training: LocalTraining):
     """The loop's record of step losses: [L] zeros (`LocalTraining.record_losses`), or None."""
     if not training.record_losses:
@@ -315,12 +347,12 @@ def dropout_key(round_key: jax.Array, client, step) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(salted, client), step)
 
 
-def _local_train_stateful(training, data, key, model, anchor, client, num_steps, loop_length,
-                          prox_scale, masked, correction):
+def _local_train_stateful(training, data, key, model, anchor, task: ClientTask, correction):
     """`local_train` for a model with a train mode (dropout) or mutable collections (batch
     norm): each step runs ``training.train_apply`` with a per-client, per-step dropout key;
     gradients (and the optimizer, the proximal term, a correction) act on ``params`` only, and
     the step's updated collections replace the old ones."""
+    client, num_steps, loop_length, prox_scale, masked = task
     batch, collections = training.batch_size, training.collections
     optimizer = training.transform()
     anchor_params = trainable_part(anchor, collections)
@@ -367,43 +399,29 @@ def local_train_factored(
     data: FederatedData,
     key: jax.Array,
     params: PyTree,
-    client: jax.Array,
-    num_steps: jax.Array,
-    loop_length: jax.Array,
-    prox_scale: jax.Array | float,
+    task: ClientTask,
     capacity: int,
-    masked: bool = True,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """`local_train` with plain SGD for a model ``head(trunk(x) @ K + b)`` around one large
     dense kernel K (``training.factored``), whose change is kept as factors.
 
     Why: a step's gradient of K is ``h^T delta`` (rank B); written out, it and the update of K
-    move two [in, out] arrays per step (for the FashionMNIST CNN's 3136 x 1024 kernel, a
-    third of a client step's time on CPU). After t steps ``K_t = K_0 + H^T G`` with H the
-    stacked inputs h of the past steps and G their ``-lr * decay * delta``, so the forward is
-    ``h K_0 + (h H^T) G`` and autodiff's backward ``delta K_0^T + (delta G^T) H`` touches only
-    [B, t B] products. K's gradient is never formed: delta is the gradient of the loss with
-    respect to a zero offset added to the layer's pre-activations. The proximal pull to the
-    start (FedProx, FeSEM) decays G by ``1 - lr mu'`` each step, exactly as it decays K - K_0.
-    `capacity` (static) bounds the steps; K is formed once, at the end. Equal to `local_train`
-    to float rounding (tests/test_engine.py).
+    move two [in, out] arrays per step (the FashionMNIST CNN's 3136 x 1024 kernel: a third
+    of a client step's time on CPU). After t steps ``K_t = K_0 + H^T G`` (H the past steps'
+    inputs h, G their ``-lr * decay * delta``), so the forward is ``h K_0 + (h H^T) G`` and
+    the backward touches only [B, t B] products; delta is the gradient of the loss at a zero
+    offset added to the layer's pre-activations, so K's gradient is never formed. The
+    proximal pull to the start (FedProx, FeSEM) decays G by ``1 - lr mu'`` each step, as it
+    decays K - K_0. `capacity` (static) bounds the steps; K is formed once, at the end. Equal
+    to `local_train` to float rounding (tests/test_engine.py).
     """
+    client, num_steps, loop_length, prox_scale, masked = task
     layer, lr, batch = training.factored, training.lr, training.batch_size
     kernel0 = params[layer.name]["kernel"]
     rest = {**params, layer.name: {k: v for k, v in params[layer.name].items() if k != "kernel"}}
     rows_cap = capacity * batch
 
-    def objective(rest, offset, xb, yb, mask, hist_in, hist_grad):
-        h = layer.trunk(rest, xb)  # [B, in]
-        z = h @ kernel0 + (h @ hist_in.T) @ hist_grad + rest[layer.name]["bias"] + offset
-        loss = masked_cross_entropy(layer.head(rest, z), yb, mask)
-        total = loss
-        if training.mu is not None:
-            total = total + 0.5 * training.mu * prox_scale * squared_distance(rest, anchor)
-        return total, (loss, h)
-
-    anchor = rest
-
+    objective = _factored_objective(training, kernel0, rest, prox_scale)
     shuffle_keys = client_shuffle_keys(key, client)  # once, not a threefry draw per step
 
     def step(s, carry):

@@ -31,7 +31,7 @@ from mcfl.algorithms.clustered import flat_models
 from mcfl.clustering import truncated_svd
 from mcfl.clustering.distances import HIGHEST
 from mcfl.clustering.svd import left_singular_from_gram
-from mcfl.engine import LocalTraining, RoundClients, train_and_collect
+from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.engine.sampling import sample_clients
 from mcfl.runtime import memory
 
@@ -65,9 +65,9 @@ def _trained_models(algorithm: FederatedAlgorithm, training: LocalTraining, stat
     models, index = described.train_from or (described.models, described.index)
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)
-    trained, _, _ = train_and_collect(training, data, train_key, models,
-                                      RoundClients(clients, index[clients]), features=features,
-                                      block_size=block_size)
+    trained, _, _ = train_and_collect(
+        Start(models, RoundClients(clients, index[clients]), training=training),
+        data, train_key, features=features, block_size=block_size)
     return trained
 
 
