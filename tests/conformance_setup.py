@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mcfl import settings
 from mcfl.algorithms import get
-from mcfl.engine import LocalTraining
+from mcfl.engine import FastPaths, LocalTraining
 from mcfl.models import make_model
 
 SETTINGS = {"clients": 40, "per_round": 8, "block": 4, "clusters": 3, "rounds": 3}
@@ -42,7 +42,7 @@ def build_small(name: str, backend=None):
     model = (make_model("mlp", (12,), 10, hidden=LAYERED[name], backend=backend)
              if name in LAYERED else make_model("mclr", (12,), 10, backend=backend))
     training = LocalTraining(model.apply, batch_size=10, lr=0.05, local_steps=2,
-                             dense_layers=model.dense_layers)
+                             fast=FastPaths(model.dense_layers))
     clusters = SETTINGS["clusters"] if get(name).clustered else 1
     return algorithm(name, model, training, SETTINGS["per_round"], SETTINGS["block"], clusters,
                      **small_params(name))
@@ -172,7 +172,7 @@ def fedavg_on(model_name: str, shape, classes: int, args: dict, clients_per_roun
 
     model = make_model(model_name, shape, classes, model_args=args, backend=backend)
     training = LocalTraining(model.apply, batch_size=4, lr=0.05, local_steps=2,
-                             dense_layers=model.dense_layers, factored=model.factored,
+                             fast=FastPaths(model.dense_layers, model.factored),
                              train_apply=model.train_apply, collections=model.collections)
     return (algorithm("fedavg", model, training, clients_per_round, 2),
             zoo_data(shape, classes))

@@ -12,7 +12,7 @@ from reference import reference_local_train
 import mcfl
 from mcfl import engine
 from mcfl.config import RunConfig
-from mcfl.engine import LocalTraining, RoundClients, lowrank
+from mcfl.engine import FastPaths, LocalTraining, RoundClients, lowrank
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 from mcfl.runs.runner import run
@@ -30,8 +30,8 @@ def setup():
 
 def training(model, mode, mu=0.0, epochs=2, steps=None, batch=4):
     return LocalTraining(model.apply, batch_size=batch, lr=LR, local_epochs=epochs,
-                         local_steps=steps, mu=mu, dense_layers=model.dense_layers,
-                         low_rank=mode)
+                         local_steps=steps, mu=mu,
+                         fast=FastPaths(model.dense_layers, low_rank=mode))
 
 
 def max_diff(a, b) -> float:
@@ -147,9 +147,10 @@ def test_factored_cnn_layer_equals_the_per_client_path(block_size, mu, steps):
     data = ragged_dataset(sizes, num_features=64, num_classes=4, seed=5).arrays
     model = make_model("cnn-fmnist", (8, 8), 4, conv="matmul")  # 8 x 8 images: small kernels
     assert model.factored is not None and model.dense_layers is None
-    common = dict(local_epochs=2, local_steps=steps, mu=mu, factored=model.factored)
-    dense = LocalTraining(model.apply, batch_size=4, lr=LR, low_rank="off", **common)
-    factored = dense.replace(low_rank="on")
+    common = dict(local_epochs=2, local_steps=steps, mu=mu)
+    dense = LocalTraining(model.apply, batch_size=4, lr=LR,
+                          fast=FastPaths(factored=model.factored, low_rank="off"), **common)
+    factored = dense.replace(fast=dense.fast._replace(low_rank="on"))
     models = jax.vmap(model.init)(jax.random.split(jax.random.key(1), 2))
     c = len(sizes)
     selection = RoundClients(jnp.arange(c, dtype=jnp.int32), jnp.arange(c, dtype=jnp.int32) % 2)

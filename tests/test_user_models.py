@@ -23,7 +23,14 @@ import mcfl
 from mcfl.algorithms import get
 from mcfl.algorithms.local_norm import with_local_norm
 from mcfl.apps.cli import main
-from mcfl.engine import LocalTraining, RoundClients, Start, train_and_aggregate, train_and_collect
+from mcfl.engine import (
+    FastPaths,
+    LocalTraining,
+    RoundClients,
+    Start,
+    train_and_aggregate,
+    train_and_collect,
+)
 from mcfl.engine.batch_rule import step_rows
 from mcfl.engine.training import dropout_key, masked_cross_entropy
 from mcfl.errors import ConfigError
@@ -497,7 +504,7 @@ def _fast_and_generic(spec, data, lr, block_size, **fields):
     results = []
     for low_rank in ("on", "off"):
         training = LocalTraining(spec.apply, batch_size=4, lr=lr, local_steps=3,
-                                 low_rank=low_rank, **fields)
+                                 fast=FastPaths(low_rank=low_rank, **fields))
         results.append(jax.jit(lambda t=training: train_and_collect(
             Start(start, selection, training=t),
             data, jax.random.key(3), block_size=block_size))()[0])

@@ -95,7 +95,7 @@ def apfl(context: AlgorithmContext) -> FederatedAlgorithm:
             return global_loss + personal_loss, personal_loss
 
         start = {"w": stack(w, size), "v": rows[0], "alpha": rows[1]}
-        training = hp.training.replace(objective=objective, low_rank="off")
+        training = hp.training.replace(objective=objective).per_client()
         trained, stats, exchange = train_and_collect(
             Start(start, RoundClients(clients, jnp.arange(size, dtype=jnp.int32)),
                   training=training),

@@ -191,7 +191,7 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         local = {"components": stack(start, size), "log_pi": jax.lax.stop_gradient(log_pi)}
         trained, stats, exchange = train_and_collect(
             Start(local, RoundClients(clients, jnp.arange(size, dtype=jnp.int32)),
-                  training=hp.training.replace(objective=objective, low_rank="off")),
+                  training=hp.training.replace(objective=objective).per_client()),
             data, train_key, exchange=exchange, sent=part_at("components"),
             block_size=context.block_size)
         weights = counts.astype(jnp.float32)

@@ -388,7 +388,7 @@ def recording(training, data):
     longest client takes), on the per-client path."""
     steps = training.local_steps or training.local_epochs * ceil_div(data.max_train_count,
                                                                      training.batch_size)
-    return training.replace(record_losses=max(int(steps), 1), low_rank="off")
+    return training.replace(record_losses=max(int(steps), 1)).per_client()
 
 
 @register("fedgwc", FedGWCParams, clustered=True,

@@ -82,7 +82,7 @@ def fedrep(context: AlgorithmContext) -> FederatedAlgorithm:
                                                     xb), yb, mask)
             return loss, loss
 
-        return training.replace(objective=objective, low_rank="off")
+        return training.replace(objective=objective).per_client()
 
     def round_(state, data, key, hp, exchange):
         head_key, body_key = jax.random.split(training_key(key))

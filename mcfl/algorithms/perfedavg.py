@@ -112,7 +112,7 @@ def perfedavg(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def start(state, data, clients, hp):
         objective = maml_objective(model.apply, hp.params.alpha, hp.params.variant)
-        training = hp.training.replace(objective=objective, low_rank="off")
+        training = hp.training.replace(objective=objective).per_client()
         # The plain mean of Algorithm 1 (a client without rows adds nothing).
         weights = (data.train_counts[clients] > 0).astype(jnp.float32)
         return global_start(state.params, clients, weights, training)

@@ -108,7 +108,7 @@ def pfedme(context: AlgorithmContext) -> FederatedAlgorithm:
         start = stack({"w": w, "theta": w})
         trained, stats, exchange = train_and_collect(
             Start(start, RoundClients(clients, jnp.zeros((size,), jnp.int32)),
-                  training=hp.training.replace(objective=objective, low_rank="off")),
+                  training=hp.training.replace(objective=objective).per_client()),
             data, train_key, exchange=exchange, sent=part_at("w"), block_size=context.block_size)
         beta = hp.params.beta
         mean, exchange = plain_mean_of(trained["w"], exchange, w)

@@ -61,6 +61,7 @@ from mcfl.engine.segments import segment_mean, segment_sums
 from mcfl.engine.training import (
     ApplyFn,
     ClientStats,
+    FastPaths,
     LocalTraining,
     PyTree,
     TrainingSpec,
@@ -81,6 +82,7 @@ __all__ = [
     "BlockSums",
     "ClientStats",
     "EvalCounts",
+    "FastPaths",
     "LocalTraining",
     "TrainingSpec",
     "PyTree",

@@ -199,16 +199,17 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
                       start_models: PyTree) -> Optional[int]:
     """The most local steps a client can take this round if the round runs on the factored
     path (`mcfl.engine.lowrank`), or None to run per-client models. Decided at trace time from
-    static shapes: ``training.low_rank`` "on" forces it (plain SGD on a dense ReLU stack only),
+    static shapes: ``training.fast.low_rank`` "on" forces it (plain SGD on a dense ReLU stack only),
     "auto" takes it when `lowrank.worth_low_rank` says it is cheaper."""
-    if training.low_rank == "off":
+    fast = training.fast
+    if fast.low_rank == "off":
         return None
-    layers = training.dense_layers
-    if layers is None and training.factored is not None:
-        layers = (training.factored.name,)
+    layers = fast.dense_layers
+    if layers is None and fast.factored is not None:
+        layers = (fast.factored.name,)
     if (not training.plain_sgd or layers is None or training.train_apply is not None
             or training.objective is not None or training.record_losses):
-        if training.low_rank == "on":
+        if fast.low_rank == "on":
             raise ValueError("the low-rank path needs plain SGD on a dense ReLU stack or a "
                              "model with one large dense layer (the CNNs), without a train "
                              "mode (dropout, batch norm) or recorded step losses")
@@ -217,7 +218,7 @@ def low_rank_capacity(training: LocalTraining, data: FederatedData,
         capacity = training.local_steps
     else:
         capacity = training.local_epochs * ceil_div(data.max_train_count, training.batch_size)
-    if training.low_rank == "auto":
+    if fast.low_rank == "auto":
         shapes = lowrank.layer_shapes(start_models, layers)
         if not lowrank.worth_low_rank(capacity * training.batch_size, shapes):
             return None
@@ -228,7 +229,7 @@ def _low_rank_block_fn(training, data, key, start_models, capacity, sum_in_block
     """The block's training on the factored path: trained models [b, ...] and stats [b]; with
     `sum_in_block` (one start model, summed into one segment, nothing to do per client), the
     block's weighted sum directly (`BlockSums`), never forming per-client models."""
-    layers = training.dense_layers
+    layers = training.fast.dense_layers
     shared = jax.tree.leaves(start_models)[0].shape[0] == 1
     start = jax.tree.map(lambda m: m[0], start_models) if shared else start_models
 
@@ -299,7 +300,7 @@ def _prepare_training(start: Start, data, key, exchange, sent=WHOLE, sum_in_bloc
     per_client = selection.correction is not None or selection.anchor_index is not None
     capacity = None if per_client else low_rank_capacity(training, data, start_models)
     messages = _message_fn(exchange, start_models, sent, training.collections)
-    if capacity is None or training.dense_layers is None:
+    if capacity is None or training.fast.dense_layers is None:
         train_block = _training_block_fn(training, data, key, start_models, exchange, capacity)
     else:
         summed = sum_in_block and messages is None and assign is None and align is None

@@ -39,6 +39,18 @@ def kernel_mask(params: PyTree) -> PyTree:
     return jax.tree_util.tree_map_with_path(is_kernel, params)
 
 
+class FastPaths(NamedTuple):
+    """Where a client's update may run on a factored fast path instead of the per-client one:
+    the model's `dense_layers` when it is a ReLU dense stack (`mcfl.engine.lowrank`), or its
+    one large layer (`factored`: the CNNs, `models.FactoredLayer`, whose kernel change
+    `local_train_factored` keeps as factors); `low_rank` auto (when cheaper) / on / off. Both
+    paths need plain SGD (`LocalTraining.plain_sgd`)."""
+
+    dense_layers: Optional[tuple[str, ...]] = None
+    factored: Optional[Any] = None
+    low_rank: str = "auto"
+
+
 class LocalTraining(flax.struct.PyTreeNode):
     """What a client does in a round: the optimizer on the cross-entropy of `apply_fn`, plus
     ``(mu / 2) * ||W - anchor||^2`` (FedProx, Li et al. 2020, Eq. 2) when `mu` is set.
@@ -67,13 +79,9 @@ class LocalTraining(flax.struct.PyTreeNode):
     # FlexCFL authors' code puts its L2 on the kernel, their mclr.py)
     weight_decay_on: str = flax.struct.field(pytree_node=False, default="all")
     mu: Any = None
-    # The factored fast paths need plain SGD and either the model's dense layers when it is a
-    # ReLU dense stack (`mcfl.engine.lowrank`) or its one large layer (`factored`: the CNNs,
-    # `models.FactoredLayer`, whose kernel change is kept factored by `local_train_factored`).
-    dense_layers: Optional[tuple[str, ...]] = flax.struct.field(pytree_node=False,
-                                                                default=None)
-    low_rank: str = flax.struct.field(pytree_node=False, default="auto")  # auto, on, off
-    factored: Optional[Any] = flax.struct.field(pytree_node=False, default=None)
+    # Which factored fast path may train it (`FastPaths`: a hint about the model, not the
+    # update: any path gives the same clients to float rounding).
+    fast: FastPaths = flax.struct.field(pytree_node=False, default=FastPaths())
     # A stateful model (dropout, batch norm; `mcfl.models.spec`): the training-step forward
     # (model, x, key) -> (logits, model) and the model's mutable collections. Gradients then
     # train the model's "params" only.
@@ -88,6 +96,11 @@ class LocalTraining(flax.struct.PyTreeNode):
     # step, as it is summed into the mean) in `ClientStats.step_losses`: FedGWC's loss curves.
     # 0 records nothing (the default program). Trains on the per-client path.
     record_losses: int = flax.struct.field(pytree_node=False, default=0)
+
+    def per_client(self) -> LocalTraining:
+        """This update on the per-client path (an algorithm's own objective, recorded step
+        losses: what the factored paths do not compute)."""
+        return self.replace(fast=self.fast._replace(low_rank="off"))
 
     def transform(self) -> optax.GradientTransformation:
         """The clients' optax optimizer (weight decay as an L2 gradient term before it: wd * W
@@ -152,9 +165,7 @@ class TrainingSpec(NamedTuple):
             else momentum,
             weight_decay=self.weight_decay,
             weight_decay_on=self.weight_decay_on or "all",
-            dense_layers=model.dense_layers,
-            low_rank=self.low_rank,
-            factored=model.factored,
+            fast=FastPaths(model.dense_layers, model.factored, self.low_rank),
             train_apply=model.train_apply,
             collections=model.collections,
         )
@@ -312,7 +323,7 @@ def _factored_objective(training: LocalTraining, kernel0, anchor: PyTree, prox_s
     """`local_train_factored`'s objective of the parameters without the large kernel and of
     the zero offset on its pre-activations, given the kernel's factored change so far
     (``hist_in^T hist_grad``); its aux is the loss and the layer's inputs h."""
-    layer = training.factored
+    layer = training.fast.factored
 
     def objective(rest, offset, xb, yb, mask, hist_in, hist_grad):
         h = layer.trunk(rest, xb)  # [B, in]
@@ -403,7 +414,7 @@ def local_train_factored(
     capacity: int,
 ) -> tuple[PyTree, jax.Array, jax.Array]:
     """`local_train` with plain SGD for a model ``head(trunk(x) @ K + b)`` around one large
-    dense kernel K (``training.factored``), whose change is kept as factors.
+    dense kernel K (``training.fast.factored``), whose change is kept as factors.
 
     Why: a step's gradient of K is ``h^T delta`` (rank B); written out, it and the update of K
     move two [in, out] arrays per step (the FashionMNIST CNN's 3136 x 1024 kernel: a third
@@ -416,7 +427,7 @@ def local_train_factored(
     to `local_train` to float rounding (tests/test_engine.py).
     """
     client, num_steps, loop_length, prox_scale, masked = task
-    layer, lr, batch = training.factored, training.lr, training.batch_size
+    layer, lr, batch = training.fast.factored, training.lr, training.batch_size
     kernel0 = params[layer.name]["kernel"]
     rest = {**params, layer.name: {k: v for k, v in params[layer.name].items() if k != "kernel"}}
     rows_cap = capacity * batch
