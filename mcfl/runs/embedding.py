@@ -58,7 +58,7 @@ def _sampled(key, population: int, count: int):
 def _trained_models(algorithm: FederatedAlgorithm, training: LocalTraining, state, data,
                     train_key, clients, features=None, block_size=None):
     """`clients` trained once from the models `algorithm` evaluates them with, or trains them
-    from (`ClientModels.train_from`; per-client keys: a chunk of them trains as it does among
+    from (`ClientModels.trains_from`; per-client keys: a chunk of them trains as it does among
     all)."""
     described = algorithm.client_models(state, data)
     data = described.held(data)
