@@ -265,6 +265,7 @@ class Bound:
 
     def client_models(self, state, data=None):
         """(models [M, ...], index [C] or None) every client is evaluated with."""
+        from mcfl.algorithms.base import PerClientModels
         from mcfl.algorithms.stored import fresh_like, to_training
 
         state = self.device_state(state)
@@ -274,6 +275,8 @@ class Bound:
             clients = jnp.arange(count, dtype=jnp.int32)
             return self.client_state.models(state.algorithm, rows, clients), clients
         described = self.algorithm.client_models(state.algorithm, data)
+        if isinstance(described, PerClientModels):  # (Per-FedAvg: w, each made from it)
+            return described.made_from, None
         return described.models, described.index
 
     def described(self, state, data=None):

@@ -44,7 +44,10 @@ from mcfl.algorithms.base import (
     Exchange,
     FederatedAlgorithm,
     Hyperparams,
+    PerClientModels,
     PopulationStart,
+    RowModels,
+    SharedModels,
 )
 from mcfl.algorithms.device import DeviceState, OnDevice, on_device, scan_rounds
 from mcfl.algorithms.registry import AlgorithmContext, AlgorithmSpec, build, get, names, register
@@ -60,7 +63,10 @@ __all__ = [
     "FederatedAlgorithm",
     "Hyperparams",
     "OnDevice",
+    "PerClientModels",
     "PopulationStart",
+    "RowModels",
+    "SharedModels",
     "build",
     "get",
     "names",

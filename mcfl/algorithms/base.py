@@ -10,8 +10,9 @@
   round's clients besides the models: who takes part, their rows of per-client state, the
   transform their messages go through, their own normalisation layers (FedBN). A round reads
   and replaces it, never keeps it;
-* ``client_models(state, data) -> ClientModels``: the model each client is evaluated with
-  (one global model, K clusters, one per client, or one made per client from its data);
+* ``client_models(state, data) -> ClientModels``: the model each client is evaluated with,
+  of one of three kinds (`SharedModels`: one global model, K clusters' or one per client;
+  `PerClientModels`: made per client from its data; `RowModels`: its rows');
 * ``assignments(state) -> [C]``: each client's cluster (clustered algorithms; else None);
 * ``client_state``: what the algorithm keeps per client (`ClientState`: rows a client store
   can hold on the device, in host memory or on disk, or a start that trains every client), or
@@ -32,6 +33,7 @@ per-client state on the device or in a store, the transform's state) is the run'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple, Optional
 
@@ -129,30 +131,80 @@ class Exchange(flax.struct.PyTreeNode):
         return cls(clients, rows)
 
 
-class ClientModels(NamedTuple):
-    """The models a state's clients are evaluated with (`FederatedAlgorithm.client_models`).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClientModels:
+    """What a state's clients are evaluated with (`FederatedAlgorithm.client_models`): one of
+    three kinds, so that each consumer (evaluation, newcomers, the closing embedding, FedBN)
+    dispatches on what the models are rather than on which optional field is set:
+    `SharedModels` (stacked models and an index), `PerClientModels` (models made for a block
+    of clients at a time) or `RowModels` (the models the per-client rows give).
 
-    `models` [M, ...] and `index` [C] (client i gets ``models[index[i]]``; None: all get model
-    0); or `of_clients`, ``clients [b] -> models [b, ...]``, models made for a block of clients
-    at a time (Per-FedAvg's step on each client's data); or neither, for an algorithm with
-    per-client rows, whose `ClientState.models` makes them. `apply` evaluates them when the
-    model's own does not (FedEM's mixtures); `data` is the data as the clients hold it now (a
-    distribution shift's view); `train_from` is (models, index) a client trains from in the
-    closing embedding when those are not the evaluated ones (FedEM's components).
-    `newcomers` is ``(models [M, ...], assign)`` for a client that never trained
+    Every kind may carry: `apply`, evaluating the models when the model's own does not
+    (FedEM's mixtures); `data`, the data as the clients hold it now (a distribution shift's
+    view); `train_from`, (models [M, ...], index [C]) a client trains from in the closing
+    embedding when those are not the evaluated ones (FedEM's components; default:
+    `trains_from`); `newcomers`, ``(models [M, ...], assign)`` for a client that never trained
     (`mcfl.data.unseen`): the models it may be served with (the K clusters', the global one)
     and, for an algorithm with its own label-free rule (FLUX's descriptors), ``assign(data of
     such clients) -> [U]`` indices into them (None: the most confident is chosen,
-    `mcfl.engine.newcomers`). Without it, an algorithm evaluating every client with one global
-    model serves newcomers that model, and one with models per client serves them none."""
+    `mcfl.engine.newcomers`). Without `newcomers`, an algorithm evaluating every client with
+    one global model serves newcomers that model, and one with models per client serves them
+    none."""
 
-    models: Any = None
-    index: Optional[jax.Array] = None
-    of_clients: Optional[Callable] = None
     apply: Optional[Callable] = None
     data: Any = None
     train_from: Optional[tuple] = None
     newcomers: Optional[tuple] = None
+
+    def __post_init__(self):
+        if type(self) is ClientModels:
+            raise TypeError("ClientModels is one of SharedModels, PerClientModels or RowModels")
+
+    def replace(self, **changes) -> ClientModels:
+        """These client models with `changes` (a shift's `data`, ...)."""
+        return dataclasses.replace(self, **changes)
+
+    def held(self, data):
+        """The data as the clients hold it now: `data`, or this kind's view of it (a shift's)."""
+        return data if self.data is None else self.data
+
+    def trains_from(self) -> Optional[tuple]:
+        """(models [M, ...], index [C] or None) a client trains from in the closing embedding:
+        `train_from`, else this kind's own default (None: the kind has none)."""
+        return self.train_from
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedModels(ClientModels):
+    """Stacked `models` [M, ...] a client is evaluated with: client i with
+    ``models[index[i]]`` (None: every client with model 0, one global model). The clusters'
+    models, the global one, or each client's last received model (an index row per client)."""
+
+    models: Any
+    index: Optional[jax.Array] = None
+
+    def trains_from(self) -> Optional[tuple]:
+        return self.train_from or (self.models, self.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerClientModels(ClientModels):
+    """Models made for a block of clients at a time, ``of_clients(clients [b]) -> models [b,
+    ...]`` (Per-FedAvg's step from w on each client's own data), so that no [C, ...] of them
+    is held; `made_from` [1, ...] is the model they are made from (w): its size bounds a
+    chunk of evaluation, and the closing embedding trains from it."""
+
+    of_clients: Callable
+    made_from: Any
+
+    def trains_from(self) -> Optional[tuple]:
+        return self.train_from or (self.made_from, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowModels(ClientModels):
+    """The models the per-client rows give (`ClientState.models`), for an algorithm that
+    keeps rows: evaluated chunk by chunk from the rows, wherever a client store holds them."""
 
 
 class PopulationStart(NamedTuple):
@@ -232,18 +284,18 @@ def sampled(clients_per_round: int, key_part: Callable = None) -> Callable:
 
 def from_rows(**fields) -> Callable:
     """`client_models` of an algorithm whose clients are evaluated with the models their rows
-    give (`ClientState.models`); `fields` as `ClientModels`' (FedEM's `apply`, ...)."""
+    give (`RowModels`); `fields` as `ClientModels`' (FedEM's `apply`, ...)."""
     def client_models(state, data) -> ClientModels:
         del state, data
-        return ClientModels(**fields)
+        return RowModels(**fields)
 
     return client_models
 
 
 def shared_models(models, index=None, **fields) -> ClientModels:
-    """`ClientModels` of stacked `models` [M, ...] (client i evaluated with
+    """`SharedModels` of stacked `models` [M, ...] (client i evaluated with
     ``models[index[i]]``; every client with model 0 when `index` is None)."""
-    return ClientModels(models, index, **fields)
+    return SharedModels(models, index, **fields)
 
 
 def refuse_mutable_state(model, algorithm: str) -> None:

@@ -24,7 +24,14 @@ import jax
 import jax.numpy as jnp
 
 from mcfl import engine
-from mcfl.algorithms.base import Exchange, FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.base import (
+    Exchange,
+    FederatedAlgorithm,
+    Hyperparams,
+    PerClientModels,
+    RowModels,
+    SharedModels,
+)
 from mcfl.algorithms.stored import (
     counts_in_chunks,
     evaluate_rows,
@@ -177,10 +184,10 @@ def newcomer_models(algorithm: FederatedAlgorithm, state, data, unseen):
     if described.newcomers is not None:
         models, assign = described.newcomers
         return models, None if assign is None else assign(unseen)
-    if (described.models is None or described.index is not None
-            or described.of_clients is not None or described.apply is not None):
-        return None
-    return described.models, None
+    if isinstance(described, SharedModels) and described.index is None \
+            and described.apply is None:  # one global model
+        return described.models, None
+    return None
 
 
 def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
@@ -190,9 +197,12 @@ def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
     model's; an algorithm whose client models are something else (FedEM's mixtures) brings its
     own."""
     described = algorithm.client_models(state.algorithm, data)
+    if isinstance(described, RowModels) != algorithm.rows:
+        raise TypeError(f"an algorithm {'with' if algorithm.rows else 'without'} per-client "
+                        f"rows gave {type(described).__name__}")
     apply_fn = described.apply or apply_fn
-    data = data if described.data is None else described.data
-    if algorithm.rows:  # chunk by chunk, as a host or disk store evaluates them
+    data = described.held(data)
+    if isinstance(described, RowModels):  # chunk by chunk, as a host or disk store does
         client_state = algorithm.client_state
         row_floats = evaluated_floats(client_state, state.algorithm)
 
@@ -203,8 +213,8 @@ def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
                                  clients, data)
 
         return counts_in_chunks(chunk_counts, data.num_clients, row_floats), data.test_counts
-    if described.of_clients is not None:  # made per client (Per-FedAvg's step)
-        row_floats = sum(x[0].size for x in jax.tree.leaves(described.models))
+    if isinstance(described, PerClientModels):  # made per client (Per-FedAvg's step)
+        row_floats = sum(x[0].size for x in jax.tree.leaves(described.made_from))
 
         def personal_counts(clients):
             return evaluate_clients(apply_fn, data, described.of_clients(clients), clients,
@@ -212,6 +222,8 @@ def evaluation_counts(algorithm: FederatedAlgorithm, apply_fn, block_size: int,
 
         return counts_in_chunks(personal_counts, data.num_clients, row_floats), \
             data.test_counts
+    if not isinstance(described, SharedModels):
+        raise TypeError(f"unknown kind of client models: {type(described).__name__}")
     index = described.index
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)

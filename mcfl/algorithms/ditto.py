@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import (
-    ClientModels,
     ClientState,
     FederatedAlgorithm,
+    RowModels,
     sampled,
     stack,
     training_key,
@@ -88,7 +88,7 @@ def ditto(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def client_models(state, data):  # personal models from the rows; a newcomer's starts at w
         del data
-        return ClientModels(newcomers=(stack(state[0]), None))
+        return RowModels(newcomers=(stack(state[0]), None))
 
     return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
                               client_state=ClientState(fresh, models, context.store_dtype))

@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import (
-    ClientModels,
     ClientState,
     FederatedAlgorithm,
+    RowModels,
     refuse_stateful,
     sampled,
     stack,
@@ -227,8 +227,8 @@ def mixture_of_components(context: AlgorithmContext, name: str,
         """Mixtures from the rows, evaluated with their own apply; the closing embedding
         trains each client from its hard cluster's component."""
         del data
-        return ClientModels(apply=evaluated_with,
-                            train_from=(shared.components, shared.cluster_of))
+        return RowModels(apply=evaluated_with,
+                         train_from=(shared.components, shared.cluster_of))
 
     return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
                               lambda shared: shared.cluster_of,

@@ -39,9 +39,9 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.apfl import mixture
 from mcfl.algorithms.base import (
-    ClientModels,
     ClientState,
     FederatedAlgorithm,
+    RowModels,
     sampled,
     training_key,
     training_metrics,
@@ -208,8 +208,8 @@ def fedsoft(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def client_models(shared, data):
         del data  # the embedding trains each client from its center
-        return ClientModels(train_from=(shared.centers, cluster_of(shared)),
-                            newcomers=(shared.centers, None))
+        return RowModels(train_from=(shared.centers, cluster_of(shared)),
+                         newcomers=(shared.centers, None))
 
     return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
                               cluster_of, ClientState(fresh, evaluated, context.store_dtype))

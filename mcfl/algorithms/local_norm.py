@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mcfl.algorithms.base import ClientModels, ClientState, FederatedAlgorithm
+from mcfl.algorithms.base import ClientState, FederatedAlgorithm, RowModels, SharedModels
 from mcfl.errors import ConfigError
 from mcfl.models.spec import local_part, with_local_part
 
@@ -44,6 +44,9 @@ def with_local_norm(algorithm: FederatedAlgorithm, collections: tuple[str, ...],
         if inner_rows:
             return inner.models(state, rows, clients)
         described = algorithm.client_models(state, None)
+        if not isinstance(described, SharedModels):  # (Per-FedAvg refuses batch norm)
+            raise TypeError(f"bn=local keeps rows of shared models; {name!r} gives "
+                            f"{type(described).__name__}")
         index = described.index
         row = (jnp.zeros_like(clients) if index is None else index[clients])
         return jax.tree.map(lambda m: m[row], described.models)
@@ -68,11 +71,11 @@ def with_local_norm(algorithm: FederatedAlgorithm, collections: tuple[str, ...],
                                                 norm_layers=None, norm_trained=False)
 
     def client_models(state, data):
+        """The rows' models now; the closing embedding trains a client from what the inner
+        algorithm would have (its shared models, for one without rows)."""
         described = algorithm.client_models(state, data)
-        train_from = described.train_from
-        if train_from is None and described.models is not None:
-            train_from = (described.models, described.index)
-        return ClientModels(apply=described.apply, data=described.data, train_from=train_from)
+        return RowModels(apply=described.apply, data=described.data,
+                         train_from=described.trains_from())
 
     client_state = ClientState(fresh, models, inner.dtype if inner else "float32",
                                inner.start if inner else None)

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from mcfl.algorithms.base import (
     FederatedAlgorithm,
+    PerClientModels,
     refuse_stateful,
-    shared_models,
     stack,
 )
 from mcfl.algorithms.registry import AlgorithmContext, register
@@ -123,8 +123,10 @@ def perfedavg(context: AlgorithmContext) -> FederatedAlgorithm:
 
     def client_models(state, data):
         """Each client's model is one step from w on its own data."""
-        return shared_models(stack(state.params), of_clients=lambda clients: (
-            personalised_models(model.apply, data, state.params, state.alpha, clients,
-                                context.block_size)))
+        def of_clients(clients):
+            return personalised_models(model.apply, data, state.params, state.alpha, clients,
+                                       context.block_size)
+
+        return PerClientModels(of_clients, made_from=stack(state.params))
 
     return skeleton_algorithm(context, init, start, server, client_models)

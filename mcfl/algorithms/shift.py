@@ -193,7 +193,7 @@ def with_shift(algorithm: FederatedAlgorithm, kind: str,
     def client_models(state, data):
         viewed = view(data, state[1])
         described = algorithm.client_models(state[0], viewed)
-        return described if described.data is not None else described._replace(data=viewed)
+        return described if described.data is not None else described.replace(data=viewed)
 
     start = None
     inner_start = algorithm.client_state and algorithm.client_state.start

@@ -37,9 +37,9 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms.base import (
-    ClientModels,
     ClientState,
     FederatedAlgorithm,
+    RowModels,
     refuse_stateful,
     sampled,
     stack,
@@ -259,7 +259,7 @@ def stocfl(context: AlgorithmContext) -> FederatedAlgorithm:
                               shared.slots)
         index = (shared.slot_of[shared.cluster_of] + 1).astype(jnp.int32)
         # a client that never trained: the global model or any cluster's
-        return ClientModels(train_from=(models, index), newcomers=(models, None))
+        return RowModels(train_from=(models, index), newcomers=(models, None))
 
     return FederatedAlgorithm(init, sampled(context.clients_per_round), round_, client_models,
                               lambda shared: shared.slot_of[shared.cluster_of],

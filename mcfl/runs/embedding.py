@@ -33,6 +33,7 @@ from mcfl.clustering.distances import HIGHEST
 from mcfl.clustering.svd import left_singular_from_gram
 from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.engine.sampling import sample_clients
+from mcfl.errors import ConfigError
 from mcfl.runtime import memory
 
 # The one-program path holds the sampled models three times in float32: it is taken when that
@@ -57,12 +58,15 @@ def _sampled(key, population: int, count: int):
 def _trained_models(algorithm: FederatedAlgorithm, training: LocalTraining, state, data,
                     train_key, clients, features=None, block_size=None):
     """`clients` trained once from the models `algorithm` evaluates them with, or trains them
-    from (`ClientModels.train_from`; per-client keys: a chunk of them trains as it does among
+    from (`ClientModels.trains_from`; per-client keys: a chunk of them trains as it does among
     all)."""
     described = algorithm.client_models(state, data)
-    if described.data is not None:
-        data = described.data
-    models, index = described.train_from or (described.models, described.index)
+    data = described.held(data)
+    trains_from = described.trains_from()
+    if trains_from is None:  # rows without `train_from`: nothing shared to train from
+        raise ConfigError(f"the client embedding trains each client from shared models; "
+                          f"this algorithm's {type(described).__name__} names none")
+    models, index = trains_from
     if index is None:
         index = jnp.zeros((data.num_clients,), jnp.int32)
     trained, _, _ = train_and_collect(

@@ -114,7 +114,7 @@ class StoredRounds:
         def evaluate_chunk(state, packed, written, clients, data, initial):
             described = algorithm.client_models(state.algorithm, data)
             apply_fn = described.apply or model.apply
-            data = data if described.data is None else described.data
+            data = described.held(data)
             return evaluate_rows(client_state, apply_fn, eval_block, state.algorithm,
                                  initial, self.layout.unpack_device(packed), written, clients,
                                  data)
@@ -125,7 +125,7 @@ class StoredRounds:
         def test_counts(state, data):
             """The clients' test rows as they hold them now (a shift moves them)."""
             described = algorithm.client_models(state.algorithm, data)
-            return (data if described.data is None else described.data).test_counts
+            return described.held(data).test_counts
 
         lift, options = lifted
         self._sample = jax.jit(lift(sample, (True, False, True, False)), **options)
