@@ -34,7 +34,7 @@ import numpy as np
 
 import mcfl
 from mcfl.algorithms import hyperparams
-from mcfl.algorithms.stored import to_storage
+from mcfl.algorithms.framework.stored import to_storage
 from mcfl.data.loaders import load_fmnist
 from mcfl.runs.embedding import EmbeddingTraining, embedding_for_run
 from mcfl.runs.execution import plan_run, run_keys

@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from mcfl.algorithms import AlgorithmContext, register
-from mcfl.algorithms.base import FederatedAlgorithm, training_metrics
-from mcfl.algorithms.clustered import features_fn, reassign
-from mcfl.algorithms.fesem import FeSEMParams, fesem, nearest_models, prox_scale
-from mcfl.algorithms.ifca import IFCAParams, ifca, losses_of_models
+from mcfl.algorithms.clustered.fesem import FeSEMParams, fesem, nearest_models, prox_scale
+from mcfl.algorithms.clustered.ifca import IFCAParams, ifca, losses_of_models
+from mcfl.algorithms.clustered.shared import features_fn, reassign
+from mcfl.algorithms.framework.base import FederatedAlgorithm, training_metrics
 from mcfl.config import from_dict
 from mcfl.engine import RoundClients, Start, train_and_collect
 from mcfl.reproduce import get

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 import mcfl
-from mcfl.algorithms.cfl import REJOIN
+from mcfl.algorithms.clustered.cfl import REJOIN
 from mcfl.data.loaders import load_fmnist
 from mcfl.data.partition import plant_rows
 

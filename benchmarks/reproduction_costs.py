@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 from mcfl import load_dataset
-from mcfl.algorithms import build_algorithm, hyperparams, ifca
+from mcfl.algorithms import build_algorithm, hyperparams
+from mcfl.algorithms.clustered import ifca
 from mcfl.config import from_dict, load_file
 from mcfl.engine.sampling import sample_clients
 from mcfl.runs.execution import plan_run

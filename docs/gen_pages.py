@@ -17,7 +17,7 @@ from pathlib import Path
 import mkdocs_gen_files
 
 import mcfl
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.reference.algorithm_pages import algorithm_page, page_path
 from mcfl.reference.api_check import undocumented_public_names
 from mcfl.reference.cli_page import cli_page

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import mcfl
-from mcfl.algorithms.registry import REGISTRY
+from mcfl.algorithms.framework.registry import REGISTRY
 from mcfl.files.atomic import replace_file
 
 SHIFTS = {"x": "rotated:4/4,3,2,1+dirichlet:0.5",

@@ -15,7 +15,7 @@ data. `mcfl.tracking` sends runs to TensorBoard, MLflow or W&B (observers such a
 # Importing mcfl changes nothing in the process's environment (tests/test_structure.py): the
 # command line quiets libtpu itself (mcfl.apps.libtpu_environment).
 from mcfl import algorithms, data, models, tracking, transforms
-from mcfl.algorithms.device import scan_rounds
+from mcfl.algorithms.framework.device import scan_rounds
 from mcfl.config import RunConfig, from_dict, load_file
 from mcfl.errors import ConfigError, DataError, McflError, TrainingDivergedError
 from mcfl.runs.plan import Plan, resolve

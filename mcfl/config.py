@@ -5,8 +5,8 @@ A run is a pure function of (RunConfig, seed): the config fixes every shape, the
 random draw. `RunConfig` holds the run itself (algorithm, rounds, seed, K) and one frozen
 group per concern: `data`, `network` (the model), `training` (local training), `sampling`,
 `distribution_shift`, `evaluation` and `execution`; the algorithm's hyperparameters are its
-registered dataclass (`mcfl.algorithms.registry`), ``config.params``. Every setting is typed
-and documented (`mcfl.settings`) and has a *flat key*, its name in config files, flags
+registered dataclass (`mcfl.algorithms.framework.registry`), ``config.params``. Every setting is
+typed and documented (`mcfl.settings`) and has a *flat key*, its name in config files, flags
 (``--local-epochs``) and Python: ``RunConfig(lr=0.05, mu=1.0)``, ``config.lr``,
 ``config.replace(lr=0.1)`` and ``config.to_dict()`` all speak flat keys, whatever group holds
 them. Unknown keys, values of the wrong type or out of range, and hyperparameters of another
@@ -27,7 +27,7 @@ from typing import Annotated, Any, Optional, Union
 import tomllib
 
 from mcfl import settings
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.data.settings import DataSettings, check_data, counts_own_clients, default_clients
 from mcfl.errors import ConfigError
 from mcfl.models.build import check_model_name
@@ -45,7 +45,7 @@ PRECISIONS = ("float32", "bfloat16")  # as mcfl.models.precision.PRECISIONS
 CLIENT_STORES = ("auto", "device", "host", "disk")
 STORE_DTYPES = ("float32", "bfloat16")
 SCORES = ("mcfl", "paper")
-# as mcfl.algorithms.schedule.SCHEDULES, and poisson (mcfl.privacy.sampling)
+# as mcfl.algorithms.wrappers.schedule.SCHEDULES, and poisson (mcfl.privacy.sampling)
 CLIENT_SAMPLINGS = ("random", "round_robin_first", "poisson")
 ACCOUNTANTS = ("rdp", "pld")  # as mcfl.privacy.accounting.ACCOUNTANTS
 DECAYED = ("all", "kernels")  # as mcfl.engine.training.DECAYED

@@ -1,5 +1,5 @@
 """Message transforms: what happens to the clients' messages between local training and the
-server's step, for every algorithm (stage (d) of the round, `mcfl.algorithms.skeleton`).
+server's step, for every algorithm (stage (d) of the round, `mcfl.algorithms.framework.skeleton`).
 
 A client's *message* is its update, the trained model minus the model it started from (for
 FedSGD, its gradient; for algorithms that send part of a model, that part: FedPer's shared
@@ -23,8 +23,8 @@ afterwards (DP's noise must not scale with the models); `uniform_weights`, every
 client weighs 1 in the sums (DP's sensitivity bound: one client moves a sum by at most its
 clipped norm), whatever weights the algorithm gives.
 
-A round's transform reaches the engine through its `Exchange` (`mcfl.algorithms.base`), so no
-algorithm knows which transform it runs with; ``mcfl.run(config, transform=...)`` and
+A round's transform reaches the engine through its `Exchange` (`mcfl.algorithms.framework.base`),
+so no algorithm knows which transform it runs with; ``mcfl.run(config, transform=...)`` and
 ``mcfl.sweep(..., transform=...)`` take one. `identity()` changes nothing and costs nothing:
 the engine skips a transform without parts.
 

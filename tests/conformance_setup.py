@@ -54,7 +54,7 @@ def scan(bound, state, data, rounds_key, first: int, count: int):
 
     import jax
 
-    from mcfl.algorithms.device import scan_rounds
+    from mcfl.algorithms.framework.device import scan_rounds
 
     run = jax.jit(functools.partial(scan_rounds, bound.device, bound.hp), static_argnums=(4,))
     final, stacked = run(bound.device_state(state), data, rounds_key, first, count)

@@ -216,15 +216,15 @@ def planted_gaussian(num_clients: int, num_clusters: int = 4, kind: str = "permu
 
 class Bound:
     """A built algorithm with its hyperparameters fixed, run on the device as a run's program
-    runs it (`mcfl.algorithms.device.on_device`): ``init(data, key)`` and ``round(state, data,
-    key, round_=1)`` (`round_`: the round's number, which only a client schedule reads). Its
+    runs it (`mcfl.algorithms.framework.device.on_device`): ``init(data, key)`` and ``round(state,
+    data, key, round_=1)`` (`round_`: the round's number, which only a client schedule reads). Its
     states are the algorithm's own for an algorithm without per-client rows, else the
     `DeviceState` (rows in `.rows`, the algorithm's state in `.algorithm`).
     ``client_models(state)`` gives every client's models as ``(models [M, ...], index [C] or
     None)``, made from the rows for an algorithm that keeps them."""
 
     def __init__(self, algorithm, hp, block_size=None, transform=None):
-        from mcfl.algorithms.device import DeviceState, on_device
+        from mcfl.algorithms.framework.device import DeviceState, on_device
         from mcfl.transforms import IDENTITY
 
         self.algorithm, self.hp, self.block_size = algorithm, hp, block_size
@@ -265,8 +265,8 @@ class Bound:
 
     def client_models(self, state, data=None):
         """(models [M, ...], index [C] or None) every client is evaluated with."""
-        from mcfl.algorithms.base import PerClientModels
-        from mcfl.algorithms.stored import fresh_like, to_training
+        from mcfl.algorithms.framework.base import PerClientModels
+        from mcfl.algorithms.framework.stored import fresh_like, to_training
 
         state = self.device_state(state)
         if self.rows:
@@ -285,8 +285,8 @@ class Bound:
 
 
 def wrapped(bound: Bound, wrapper, *args, shift_prob=None) -> Bound:
-    """`bound` with its algorithm wrapped (`mcfl.algorithms.shift.with_shift`,
-    `mcfl.algorithms.schedule.with_schedule` and their `args`); `shift_prob` sets
+    """`bound` with its algorithm wrapped (`mcfl.algorithms.wrappers.shift.with_shift`,
+    `mcfl.algorithms.wrappers.schedule.with_schedule` and their `args`); `shift_prob` sets
     ``hp.shift_prob``."""
     hp = bound.hp if shift_prob is None else bound.hp.replace(shift_prob=shift_prob)
     return Bound(wrapper(bound.algorithm, *args), hp, bound.block_size, bound.transform)

@@ -76,8 +76,9 @@ def reference_batches(training: LocalTraining, data, round_key, client: int):
 
 
 def reference_fedavg_round(training, data, params, round_key, clients_per_round: int):
-    """One FedAvg round as `mcfl.algorithms.fedavg` keys it (the round key split into sampling
-    and training keys): each sampled client trains from `params`; average weighted by n_i."""
+    """One FedAvg round as `mcfl.algorithms.global_model.fedavg` keys it (the round key split into
+    sampling and training keys): each sampled client trains from `params`; average weighted by
+    n_i."""
     from mcfl.engine.sampling import sample_clients
 
     sample_key, train_key = jax.random.split(round_key)

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 import mcfl
 from mcfl import settings
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.config import OWNER, SHARED_FIELDS
 from mcfl.errors import ConfigError
 

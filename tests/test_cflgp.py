@@ -1,7 +1,7 @@
-"""CFL-GP (`mcfl.algorithms.cflgp`): its rounds against a plain per-client loop (gradients one
-client at a time, the profile as an explicit numpy matrix, its SVD by numpy and k-means by
-scikit-learn), the running mean and the Gram route by hand, planted clusters recovered, bad
-settings refused, and the released code's criterion."""
+"""CFL-GP (`mcfl.algorithms.clustered.cflgp`): its rounds against a plain per-client loop
+(gradients one client at a time, the profile as an explicit numpy matrix, its SVD by numpy and
+k-means by scikit-learn), the running mean and the Gram route by hand, planted clusters recovered,
+bad settings refused, and the released code's criterion."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.algorithms.cflgp import (
+from mcfl.algorithms.clustered.cflgp import (
     filled_gram,
     matched_labels,
     profile_features,

@@ -16,7 +16,7 @@ import mcfl
 import mcfl.data
 import mcfl.runs.program
 import mcfl.runs.records
-from mcfl.algorithms.base import FederatedAlgorithm, wrapping
+from mcfl.algorithms.framework.base import FederatedAlgorithm, wrapping
 from mcfl.apps.cli import main
 
 
@@ -208,7 +208,7 @@ def test_divergence_later_advises_a_smaller_step_than_the_runs():
 
 
 def test_runner_compiles_round_and_evaluation_once(monkeypatch, wrap_algorithm):
-    from mcfl.algorithms import device
+    from mcfl.algorithms.framework import device
 
     evaluate_counts = device.engine.evaluate_counts
     traces = {"round": 0, "evaluate": 0}

@@ -1,8 +1,8 @@
 """The kinds of `ClientModels` (`SharedModels`, `PerClientModels`, `RowModels`): hand-built states
-of each, evaluated through `mcfl.algorithms.device.evaluation_counts` against a per-client loop
-with the model's apply, so a consumer that dispatched on the wrong kind (model 0 for every
-client, the shared models in place of the rows, the base a per-client model is made from) gives
-other counts; and what each kind offers a newcomer (`newcomer_models`)."""
+of each, evaluated through `mcfl.algorithms.framework.device.evaluation_counts` against a
+per-client loop with the model's apply, so a consumer that dispatched on the wrong kind (model 0
+for every client, the shared models in place of the rows, the base a per-client model is made from)
+gives other counts; and what each kind offers a newcomer (`newcomer_models`)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from mcfl.algorithms.base import (
+from mcfl.algorithms.framework.base import (
     ClientModels,
     ClientState,
     FederatedAlgorithm,
@@ -20,7 +20,7 @@ from mcfl.algorithms.base import (
     from_rows,
     shared_models,
 )
-from mcfl.algorithms.device import DeviceState, evaluation_counts, newcomer_models
+from mcfl.algorithms.framework.device import DeviceState, evaluation_counts, newcomer_models
 from mcfl.data.federated import from_splits
 
 CLIENTS, FEATURES, CLASSES = 5, 4, 3

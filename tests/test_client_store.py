@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mcfl
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.apps.cli import main
 from mcfl.config import CLUSTERED_ONLY
 from mcfl.files.atomic import WriteError

@@ -14,9 +14,9 @@ from reference import reference_local_train
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.algorithms.cfl import REJOIN, descendants
-from mcfl.algorithms.clustered import ClusterState, cluster_sizes, intra_cluster_distance
-from mcfl.algorithms.fesem import nearest_models, tree_dots
+from mcfl.algorithms.clustered.cfl import REJOIN, descendants
+from mcfl.algorithms.clustered.fesem import nearest_models, tree_dots
+from mcfl.algorithms.clustered.shared import ClusterState, cluster_sizes, intra_cluster_distance
 from mcfl.data import partition_arrays
 from mcfl.data.arrays import LabelledArrays
 from mcfl.data.spec import parse_partition
@@ -405,7 +405,7 @@ def test_run_reports_clusters(planted, tmp_path):
 
 
 def test_last_layer_features_pick_the_last_dense_kernel():
-    from mcfl.algorithms.clustered import last_dense_kernel
+    from mcfl.algorithms.clustered.shared import last_dense_kernel
 
     params = {f"Dense_{i}": {"kernel": jnp.full((2, 2), float(i)), "bias": jnp.zeros(2)}
               for i in (0, 2, 10)}

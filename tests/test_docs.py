@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mcfl import settings
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.apps.cli import build_parser, main
 from mcfl.reference import algorithm_pages, api_check, cli_page, site_links
 from mcfl.reference.partition_pictures import RECIPES, file_name

@@ -118,7 +118,7 @@ def test_scaffold_control_variates_as_a_per_client_loop(ragged):
 def test_fednova_coefficients_of_a_tiny_proximal_pull_are_the_step_counts():
     """(1 - (1 - eta mu)^tau) / (eta mu) tends to tau as eta mu -> 0; in float32 the direct
     form loses it below eta mu ~ 6e-8 (1 - eta mu rounds to 1)."""
-    from mcfl.algorithms.fednova import gradient_weight
+    from mcfl.algorithms.global_model.fednova import gradient_weight
 
     model = make_model("mclr", (5,), 3)
     steps = jax.numpy.asarray([1, 7, 60])

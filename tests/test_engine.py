@@ -13,8 +13,8 @@ from conftest import algorithm as build
 from reference import reference_fedavg_round, reference_local_train
 
 from mcfl.algorithms import AlgorithmContext, get
-from mcfl.algorithms.fedavg import GlobalModelState
-from mcfl.algorithms.fedsgd import fedsgd
+from mcfl.algorithms.global_model.fedavg import GlobalModelState
+from mcfl.algorithms.global_model.fedsgd import fedsgd
 from mcfl.data.federated import from_splits
 from mcfl.engine import (
     LocalTraining,

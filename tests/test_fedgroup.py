@@ -16,8 +16,8 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_similarity as sk_cosine
 
 import mcfl
-from mcfl.algorithms.base import stack
-from mcfl.algorithms.fedgroup import group_of_updates, inter_group_aggregation
+from mcfl.algorithms.clustered.fedgroup import group_of_updates, inter_group_aggregation
+from mcfl.algorithms.framework.base import stack
 from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
@@ -114,7 +114,7 @@ def test_bad_fedgroup_settings(changes, message):
 
 
 def test_label_aware_shift_sees_what_the_count_vector_test_misses():
-    from mcfl.algorithms.fedgroup import label_shift
+    from mcfl.algorithms.clustered.fedgroup import label_shift
 
     then = jnp.array([[50.0, 50.0, 0.0, 0.0], [50.0, 50.0, 0.0, 0.0], [25.0, 25.0, 25.0, 25.0]])
     now = jnp.array([[0.0, 0.0, 50.0, 50.0],  # labels {0, 1} -> {2, 3}
@@ -137,7 +137,7 @@ def _current_truth(planted, algorithm, state):
 
 
 def test_flexcfl_migrates_swapped_clients_and_fedgroup_does_not(planted):
-    from mcfl.algorithms.shift import with_shift
+    from mcfl.algorithms.wrappers.shift import with_shift
 
     model, training = _setup()
     data = planted.arrays

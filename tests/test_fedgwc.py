@@ -1,6 +1,6 @@
-"""FedGWC (`mcfl.algorithms.fedgwc`): the engine's recorded step losses and a whole round against
-a per-client NumPy loop (Gaussian rewards, interaction matrix, running MSE and patience), the
-rewards and the synthetic top-up by hand, the affinity, spectral clustering and Davies-Bouldin
+"""FedGWC (`mcfl.algorithms.clustered.fedgwc`): the engine's recorded step losses and a whole round
+against a per-client NumPy loop (Gaussian rewards, interaction matrix, running MSE and patience),
+the rewards and the synthetic top-up by hand, the affinity, spectral clustering and Davies-Bouldin
 choice against scikit-learn, the patience rule and the split's bookkeeping by hand, planted
 clusters found, and bad settings refused."""
 
@@ -20,8 +20,8 @@ from sklearn.manifold import SpectralEmbedding
 from sklearn.metrics import adjusted_rand_score, davies_bouldin_score
 
 import mcfl
-from mcfl.algorithms import fedgwc as gwc
-from mcfl.algorithms.clustered import cluster_sizes
+from mcfl.algorithms.clustered import fedgwc as gwc
+from mcfl.algorithms.clustered.shared import cluster_sizes
 from mcfl.engine import LocalTraining, RoundClients, Start, train_and_collect
 from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError

@@ -1,6 +1,6 @@
-"""FLUX (`mcfl.algorithms.flux`) and its density clustering (`mcfl.clustering.density`) against
-scikit-learn's DBSCAN, scipy's connected components, hand-computed knees and a per-client NumPy
-loop of the descriptors."""
+"""FLUX (`mcfl.algorithms.clustered.flux`) and its density clustering (`mcfl.clustering.density`)
+against scikit-learn's DBSCAN, scipy's connected components, hand-computed knees and a per-client
+NumPy loop of the descriptors."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,7 @@ from sklearn.cluster import DBSCAN
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.algorithms import flux as flux_module
+from mcfl.algorithms.clustered import flux as flux_module
 from mcfl.clustering.density import components, dbscan_components, knee_radius
 from mcfl.models import make_model
 

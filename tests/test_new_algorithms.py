@@ -14,8 +14,8 @@ from conftest import planted_gaussian, ragged_dataset
 from reference import reference_local_train
 from scipy.stats import trim_mean
 
-from mcfl.algorithms.clustered import ClusterState, flat_models
-from mcfl.algorithms.matching import align, permute_units
+from mcfl.algorithms.clustered.matching import align, permute_units
+from mcfl.algorithms.clustered.shared import ClusterState, flat_models
 from mcfl.clustering import masked_statistic, segment_statistic, trimmed_kmeans
 from mcfl.clustering.robust import trimmed_seeds
 from mcfl.engine import LocalTraining

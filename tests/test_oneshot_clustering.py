@@ -16,8 +16,8 @@ from scipy.spatial.distance import pdist
 from sklearn.metrics import adjusted_rand_score
 
 import mcfl
-from mcfl.algorithms.clustered import flat_models
-from mcfl.algorithms.pacfl import client_subspaces, smallest_angles
+from mcfl.algorithms.clustered.pacfl import client_subspaces, smallest_angles
+from mcfl.algorithms.clustered.shared import flat_models
 from mcfl.apps.cli import main
 from mcfl.engine import LocalTraining
 from mcfl.errors import ConfigError

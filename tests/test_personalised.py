@@ -10,7 +10,7 @@ import optax
 import pytest
 from conftest import algorithm as build
 
-from mcfl.algorithms.device import evaluation_counts
+from mcfl.algorithms.framework.device import evaluation_counts
 from mcfl.engine import LocalTraining, evaluate_clients
 from mcfl.engine.sampling import sample_clients
 from mcfl.errors import ConfigError
@@ -275,8 +275,8 @@ def test_fedem_and_fedrc_em_steps_and_mixtures_as_a_per_client_loop(ragged, name
     log sum_m pi_m softmax(f_m(x)); the hard cluster is argmax pi. FedRC (Guo et al. 2024)
     divides q_im by P_m(y_i): every client's soft label counts sum_i q_im [y_i = y] (1/3 each
     before it trains), summed, floored at 1e-8, normalised over the labels."""
-    from mcfl.algorithms.fedem import mixture_apply
-    from mcfl.algorithms.stored import evaluated_floats
+    from mcfl.algorithms.clustered.fedem import mixture_apply
+    from mcfl.algorithms.framework.stored import evaluated_floats
 
     data = ragged.arrays
     model = make_model("mclr", (5,), 3)

@@ -19,7 +19,7 @@ import pytest
 import settings_matrix
 
 import mcfl
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.apps.cli import main
 from mcfl.errors import ConfigError
 from mcfl.runs.loop import RoundChunks
@@ -333,7 +333,7 @@ def test_run_json_records_the_resolved_plan_and_mcfl_plan_prints_it(tmp_path, ca
 
 
 def test_boolean_flags_are_documented_in_both_forms():
-    from mcfl.algorithms import registry
+    from mcfl.algorithms.framework import registry
     from mcfl.config import markdown_table
 
     assert "`--apfl-adaptive` / `--no-apfl-adaptive` (on)" in registry.markdown_table()

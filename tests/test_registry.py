@@ -11,7 +11,7 @@ import pytest
 
 import mcfl
 from mcfl import settings
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.apps.cli import build_parser
 from mcfl.errors import ConfigError
 

@@ -1,4 +1,4 @@
-"""Client schedules (mcfl.algorithms.schedule): the first pass of round_robin_first trains
+"""Client schedules (mcfl.algorithms.wrappers.schedule): the first pass of round_robin_first trains
 every client once, in a keyed order, then rounds sample at random; algorithms train exactly
 the scheduled clients."""
 
@@ -12,7 +12,7 @@ from conftest import ragged_dataset, wrapped
 from reference import reference_local_train
 
 import mcfl
-from mcfl.algorithms.schedule import ScheduleState, scheduled_clients, with_schedule
+from mcfl.algorithms.wrappers.schedule import ScheduleState, scheduled_clients, with_schedule
 from mcfl.engine import LocalTraining
 from mcfl.engine.sampling import sample_clients
 from mcfl.models import make_model

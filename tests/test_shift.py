@@ -15,7 +15,7 @@ from reference import reference_fedavg_round
 
 import mcfl
 from mcfl.algorithms import names
-from mcfl.algorithms.shift import view_with_owners, with_shift
+from mcfl.algorithms.wrappers.shift import view_with_owners, with_shift
 from mcfl.data.federated import from_splits
 from mcfl.engine import LocalTraining, evaluate_counts
 from mcfl.engine.batch_rule import step_rows

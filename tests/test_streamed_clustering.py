@@ -11,7 +11,7 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
-from mcfl.algorithms.clustered import cluster_means
+from mcfl.algorithms.clustered.shared import cluster_means
 from mcfl.clustering.kmeans import GRAM_RATIO, kmeans
 from mcfl.clustering.robust import trimmed_kmeans
 from mcfl.clustering.streamed import (

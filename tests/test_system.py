@@ -23,8 +23,8 @@ from fault_driver import mcfl_killed_at
 
 import mcfl
 from mcfl.algorithms import get, names
-from mcfl.algorithms.asynchronous import fedasync_update, fedbuff_update
-from mcfl.algorithms.system_rounds import with_system
+from mcfl.algorithms.asynchronous.servers import fedasync_update, fedbuff_update
+from mcfl.algorithms.wrappers.system_rounds import with_system
 from mcfl.errors import ConfigError
 from mcfl.files.faults import FaultPlan
 from mcfl.sweeps.spec import expand, group
@@ -317,7 +317,7 @@ def test_server_updates_by_hand():
     """FedBuff: x = 1, two updates used, summed (s - starts) = 0.6: x + 0.5 * 0.6 / 2 = 1.15;
     a cluster without arrivals keeps its 5. FedAsync: x = 1, y = 3 with s(tau) = 0.5,
     alpha = 0.6: a = 0.3, (1 - a) 1 + a 3 = 1.6."""
-    from mcfl.algorithms.asynchronous import FedAsyncParams, FedBuffParams
+    from mcfl.algorithms.asynchronous.servers import FedAsyncParams, FedBuffParams
 
     models = {"w": jnp.array([[1.0], [5.0]])}
     sums, starts = {"w": jnp.array([[2.6], [0.0]])}, {"w": jnp.array([[2.0], [0.0]])}

@@ -21,7 +21,7 @@ from conftest import Bound, ragged_dataset
 
 import mcfl
 from mcfl.algorithms import get
-from mcfl.algorithms.local_norm import with_local_norm
+from mcfl.algorithms.wrappers.local_norm import with_local_norm
 from mcfl.apps.cli import main
 from mcfl.engine import (
     FastPaths,

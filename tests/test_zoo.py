@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from mcfl.algorithms.matching import permute_units
+from mcfl.algorithms.clustered.matching import permute_units
 from mcfl.errors import ConfigError
 from mcfl.models import conv_as_matmul, count_params, make_model
 from mcfl.models.zoo import max_pool_3x3_stride_2, strided_conv_as_matmul

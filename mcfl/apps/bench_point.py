@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from mcfl import settings
-from mcfl.algorithms import registry
-from mcfl.algorithms.fesem import FeSEMParams
+from mcfl.algorithms.clustered.fesem import FeSEMParams
+from mcfl.algorithms.framework import registry
 from mcfl.apps.bench_data import NUM_CLASSES, benchmark_dataset, fill_mixture
 from mcfl.apps.libtpu_environment import quiet_libtpu_without_tpu
 from mcfl.apps.user_environment import memory_limit

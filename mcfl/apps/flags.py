@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mcfl import settings
-from mcfl.algorithms import registry
+from mcfl.algorithms.framework import registry
 from mcfl.apps.user_environment import compile_cache_off
 from mcfl.config import OWNER, SHARED_FIELDS, RunConfig, all_keys, from_dict, load_file
 from mcfl.data.cache import default_cache_dir

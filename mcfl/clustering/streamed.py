@@ -389,7 +389,7 @@ def trimmed_kmeans_streamed(key: jax.Array, source: RowSource, k: int, trim: flo
 def cluster_means_streamed(source: RowSource, labels, k: int,
                            weights: Optional[np.ndarray] = None) -> jax.Array:
     """[k, d] weighted mean of each cluster's rows in one pass (`cluster_means` of
-    mcfl.algorithms.clustered on a source); a cluster without weight gets zeros, and a label
+    mcfl.algorithms.clustered.shared on a source); a cluster without weight gets zeros, and a label
     outside [0, k) counts in none."""
     w = np.ones(source.num_rows) if weights is None else weights
     return _segment_means(source, np.asarray(labels, np.int32)[None], np.asarray(w, np.float32),

@@ -20,7 +20,7 @@ dataset has them, the planted clusters. Layout of ``--out DIR``:
 
 The folder is written beside itself under a temporary name and renamed into place once whole,
 so a stop leaves either the finished export or none (an existing folder is replaced only with
-``overwrite``). A distribution shift (`mcfl.algorithms.shift`) moves rows between clients
+``overwrite``). A distribution shift (`mcfl.algorithms.wrappers.shift`) moves rows between clients
 during a run; the export is the dataset before any round.
 """
 

@@ -32,7 +32,7 @@ class FederatedData(flax.struct.PyTreeNode):
     ``*_order`` [N] int32: the rows sorted by owner, so client i's rows are
     ``order[offsets[i] : offsets[i] + counts[i]]``; ``train_label_counts`` [C, num_classes]
     int32 counts each client's training labels. As built, rows are stored sorted by client and
-    the order is the identity; a distribution shift (`mcfl.algorithms.shift`) moves rows
+    the order is the identity; a distribution shift (`mcfl.algorithms.wrappers.shift`) moves rows
     between clients by changing owners, offsets, counts, order and label counts, never the row
     arrays, and sets ``owners_changed`` (a bool scalar) in the round it does.
     """

@@ -66,8 +66,8 @@ class RoundClients(NamedTuple):
 class Start(NamedTuple):
     """Stage (b): the models the round's clients start from (`models` [M, ...]; client i from
     ``models[selection.start_index[i]]``), how they train (`training`; an algorithm's round
-    may leave it None for ``hp.training``, `mcfl.algorithms.skeleton.aggregate`), and, when
-    their messages are summed, how: into segment ``segments[i]`` of `num_segments` (or the
+    may leave it None for ``hp.training``, `mcfl.algorithms.framework.skeleton.aggregate`), and,
+    when their messages are summed, how: into segment ``segments[i]`` of `num_segments` (or the
     one ``assign(messages)`` picks after training: FeSEM's E-step), times ``weights[i]``.
     `prox_scale` [S] scales a proximal term per client; `align` rewrites a block of messages
     before they are summed (FeSEM-MA); `reference` [K, ...]: the model each segment's
@@ -348,7 +348,7 @@ def train_and_collect(
     Robust's start: the clients' flattened models, [S, d]). Blocks of `block_size` clients
     (default: `blocks.block_size_for`).
 
-    With an `exchange` (`mcfl.algorithms.base.Exchange`), the clients that are the round's
+    With an `exchange` (`mcfl.algorithms.framework.base.Exchange`), the clients that are the round's
     participants start from their own normalisation layers (FedBN) and the trained ones are
     returned in it, and each client's message, the `sent` part of its update, goes through
     the exchange's transform: the returned models carry the transformed part (start +
@@ -410,7 +410,7 @@ def train_and_aggregate(
 def _reported(stats: ClientStats, exchange, clients: jax.Array) -> ClientStats:
     """The stats with which clients report (`Exchange.present`: a Poisson round's empty
     slots, the clients that dropped out), so that a round's metrics are over those
-    (`mcfl.algorithms.base.training_metrics`). `clients` [n] are the ones trained: the
+    (`mcfl.algorithms.framework.base.training_metrics`). `clients` [n] are the ones trained: the
     round's participants, or others an algorithm asks itself (FL+HC's clustering round asks
     everyone), who report."""
     if exchange is None or exchange.present is None:

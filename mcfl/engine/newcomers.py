@@ -3,8 +3,8 @@
 A clustered-FL benchmark scores clients that arrive at test time without labels (FLUX,
 Fenoglio et al., NeurIPS 2025, Sec. "test phase"): each must be given one of the trained
 models before any of its labels is seen. FLUX matches a descriptor of the client's features to
-its clusters' centroids (its own rule, `mcfl.algorithms.flux`); for every other algorithm the
-rule here is the usual label-free one of test-time model selection: the candidate whose
+its clusters' centroids (its own rule, `mcfl.algorithms.clustered.flux`); for every other algorithm
+the rule here is the usual label-free one of test-time model selection: the candidate whose
 predictions on the client's training rows are the most confident, i.e. of the lowest mean
 predictive entropy ``H(p) = -sum_k p_k log p_k`` (the entropy criterion of test-time
 adaptation, Wang et al., ICLR 2021, "Tent"). The labels are never read.

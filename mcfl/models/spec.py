@@ -4,7 +4,7 @@ A client's *model* is one pytree: the module's ``params``, or, for a module with
 collections (BatchNorm's ``batch_stats``), its whole variables dict ``{"params": ...,
 "batch_stats": ...}``. Algorithms average, cluster and store that tree as it is, so by default
 a client's batch statistics are aggregated with its parameters; FedBN (Li et al., 2021) keeps
-them local instead (`mcfl.algorithms.local_norm`, ``--bn local``).
+them local instead (`mcfl.algorithms.wrappers.local_norm`, ``--bn local``).
 
 A module whose ``__call__`` takes a ``train`` keyword is called with ``train=True`` in local
 steps, with a ``"dropout"`` PRNG key drawn per client and per step, and ``train=False`` at

@@ -9,7 +9,7 @@ row written back). The capacity is q N plus six standard deviations of the binom
 a round in which more clients join keeps the first `capacity` of them, and counts the others
 in the metric ``poisson_overflow`` (the probability per round is below 1e-9 by the normal
 tail; the accountant's bound assumes none, and a run's summary reports the total). An
-algorithm's rounds take their clients so through `mcfl.algorithms.poisson`.
+algorithm's rounds take their clients so through `mcfl.algorithms.wrappers.poisson`.
 """
 
 from __future__ import annotations

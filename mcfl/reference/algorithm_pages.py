@@ -16,8 +16,8 @@ import inspect
 import textwrap
 
 from mcfl import settings
-from mcfl.algorithms import registry
-from mcfl.algorithms.registry import AlgorithmSpec
+from mcfl.algorithms.framework import registry
+from mcfl.algorithms.framework.registry import AlgorithmSpec
 from mcfl.config import from_dict
 from mcfl.privacy import support
 

@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms.base import FederatedAlgorithm
-from mcfl.algorithms.clustered import flat_models
+from mcfl.algorithms.clustered.shared import flat_models
+from mcfl.algorithms.framework.base import FederatedAlgorithm
 from mcfl.clustering import truncated_svd
 from mcfl.clustering.distances import HIGHEST
 from mcfl.clustering.svd import left_singular_from_gram

@@ -204,7 +204,8 @@ def seed_key(seed: int) -> jax.Array:
 class RunKeys(NamedTuple):
     """A run's two keys, each with one job: `init` makes the initial state, `rounds` every
     round (round r's key is ``fold_in(rounds, r)``, which the algorithm splits in turn:
-    `mcfl.algorithms.base.sampled` samples with the first half, training uses the second)."""
+    `mcfl.algorithms.framework.base.sampled` samples with the first half, training uses the
+    second)."""
 
     init: jax.Array
     rounds: jax.Array

@@ -8,7 +8,7 @@ typed parts): the data (`mcfl.data.DataSpec`), the model (`mcfl.models.build.Mod
 the algorithm with its hyperparameters (`AlgorithmPlan`), the clients' local training
 (`mcfl.engine.TrainingSpec`), participation (`Participation`: sampling, the clients' devices
 and clock, `mcfl.system.devices.SystemModel`), privacy (`mcfl.privacy.plan.PrivacySpec`), a
-distribution shift (`mcfl.algorithms.shift.ShiftSpec`), evaluation and execution. Nothing
+distribution shift (`mcfl.algorithms.wrappers.shift.ShiftSpec`), evaluation and execution. Nothing
 below `mcfl.runs` reads the config.
 
 Every setting is consumed by exactly one part, or refused here in one line naming the flag, its
@@ -32,14 +32,14 @@ from typing import Any, NamedTuple, Optional
 import jax
 
 from mcfl import settings
-from mcfl.algorithms import registry
-from mcfl.algorithms.base import FederatedAlgorithm, Hyperparams
-from mcfl.algorithms.local_norm import with_local_norm
-from mcfl.algorithms.poisson import with_poisson_sampling
-from mcfl.algorithms.registry import AlgorithmContext, RunShape
-from mcfl.algorithms.schedule import with_schedule
-from mcfl.algorithms.shift import ShiftSpec, with_shift
-from mcfl.algorithms.system_rounds import with_system
+from mcfl.algorithms.framework import registry
+from mcfl.algorithms.framework.base import FederatedAlgorithm, Hyperparams
+from mcfl.algorithms.framework.registry import AlgorithmContext, RunShape
+from mcfl.algorithms.wrappers.local_norm import with_local_norm
+from mcfl.algorithms.wrappers.poisson import with_poisson_sampling
+from mcfl.algorithms.wrappers.schedule import with_schedule
+from mcfl.algorithms.wrappers.shift import ShiftSpec, with_shift
+from mcfl.algorithms.wrappers.system_rounds import with_system
 from mcfl.config import SHARED_FIELDS, RunConfig, asks_nothing, keeps_client_state
 from mcfl.data import DataSpec, resolve_data
 from mcfl.engine import LocalTraining, TrainingSpec
@@ -178,7 +178,7 @@ class Plan:
 
     def hyperparams(self, model, values: Optional[Mapping[str, Any]] = None,
                     privacy=None) -> Hyperparams:
-        """What the algorithm runs with (`mcfl.algorithms.base.Hyperparams`): the plan's
+        """What the algorithm runs with (`mcfl.algorithms.framework.base.Hyperparams`): the plan's
         numbers, or `values` (by flat key) in their place; `privacy`: the run's
         `mcfl.privacy.plan.PrivacyPlan` (DP's clipping norm and noise), if any."""
         values = values or {}

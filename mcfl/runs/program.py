@@ -3,8 +3,8 @@
 Built from a run's plan (`mcfl.runs.plan`) and its execution plan (`mcfl.runs.execution`), as
 purejaxrl's ``make_train(config)`` is: `RoundProgram` builds the algorithm once
 (`Plan.build_algorithm`, with the execution plan's block size in its context), runs it on the
-device (`mcfl.algorithms.device.on_device`, with the run's message transform) and gives three
-jittable functions of the *traced values* (a
+device (`mcfl.algorithms.framework.device.on_device`, with the run's message transform) and gives
+three jittable functions of the *traced values* (a
 dict of the settings a sweep varies, by flat key: `mcfl.sweeps.spec`; empty for a single run,
 whose numbers are baked into the program):
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from mcfl import engine
 from mcfl.algorithms import FederatedAlgorithm
-from mcfl.algorithms.device import (
+from mcfl.algorithms.framework.device import (
     DeviceState,
     evaluation_counts,
     newcomer_models,
@@ -71,7 +71,7 @@ ON_DEVICE = StorePlace()  # the client rows in the run's state on the device
 def evaluate(algorithm: FederatedAlgorithm, state, dataset: FederatedDataset, apply_fn,
              block_size: int) -> ClientMetrics:
     """Per-client test metrics of the models `algorithm` assigns to each client (`state`: a
-    `mcfl.algorithms.device.DeviceState`)."""
+    `mcfl.algorithms.framework.device.DeviceState`)."""
     counts, test_counts = jax.device_get(jax.jit(functools.partial(
         evaluation_counts, algorithm, apply_fn, block_size))(state, dataset.arrays))
     return client_metrics(counts, np.asarray(test_counts))

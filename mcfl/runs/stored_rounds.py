@@ -2,8 +2,8 @@
 
 `mcfl.runs.program.RoundProgram` runs every store; with the rows on the device its round
 gathers and scatters them inside the jitted round. With a host or disk store
-(`mcfl.store.stores`) the same round (`mcfl.algorithms.device.train_rows`) runs on rows handed
-in, and `StoredRounds` moves them (`mcfl.store.rows.StoredRows`: gather, prefetch, scatter):
+(`mcfl.store.stores`) the same round (`mcfl.algorithms.framework.device.train_rows`) runs on rows
+handed in, and `StoredRounds` moves them (`mcfl.store.rows.StoredRows`: gather, prefetch, scatter):
 
 1. the round's participants come from its key and the state (`FederatedAlgorithm.participants`,
    with the Poisson sample's or the clock's ``present`` mask);
@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mcfl.algorithms import FederatedAlgorithm
-from mcfl.algorithms.device import DeviceState, round_participants, train_rows
-from mcfl.algorithms.stored import (
+from mcfl.algorithms.framework.device import DeviceState, round_participants, train_rows
+from mcfl.algorithms.framework.stored import (
     evaluate_rows,
     evaluated_floats,
     evaluation_chunk,

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms.stored import to_storage
+from mcfl.algorithms.framework.stored import to_storage
 from mcfl.runtime import memory
 
 # The share of free memory stored rows may take on the device or the host.

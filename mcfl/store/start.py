@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mcfl.algorithms.device import DeviceState
-from mcfl.algorithms.stored import to_storage
+from mcfl.algorithms.framework.device import DeviceState
+from mcfl.algorithms.framework.stored import to_storage
 from mcfl.store.stores import make_store
 from mcfl.transforms import initial_state
 

@@ -8,7 +8,7 @@ over-selection) or to the server when it does not wait for rounds (asynchronous 
   lasts;
 * `mcfl.system.state`: the devices and the clock a run carries, and drawing a round's clients
   among those online (any algorithm's rounds under a device model, stage (a) of the round
-  skeleton, are `mcfl.algorithms.system_rounds.with_system`);
+  skeleton, are `mcfl.algorithms.wrappers.system_rounds.with_system`);
 * `mcfl.system.events`: the in-flight clients of an asynchronous server and the ring of recent
-  global models they started from (FedBuff, FedAsync: `mcfl.algorithms.asynchronous`).
+  global models they started from (FedBuff, FedAsync: `mcfl.algorithms.asynchronous.servers`).
 """

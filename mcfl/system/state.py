@@ -1,7 +1,7 @@
 """The state a device model adds to a run (the devices and the simulated clock) and how a
 round's askers are drawn among the clients online: shared by the synchronous wrapper
-(`mcfl.algorithms.system_rounds`) and the asynchronous servers
-(`mcfl.algorithms.asynchronous`)."""
+(`mcfl.algorithms.wrappers.system_rounds`) and the asynchronous servers
+(`mcfl.algorithms.asynchronous.servers`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Asynchronous servers on the simulated clock (`servers`: FedBuff, FedAsync, IFCA-async)."""

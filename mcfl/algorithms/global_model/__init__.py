@@ -1,0 +1,1 @@
+"""Algorithms that train one model for every client."""
