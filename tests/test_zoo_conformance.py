@@ -23,7 +23,7 @@ from conformance_setup import SETTINGS, ZOO, lowered, scan, small_params, zoo_da
 from conftest import algorithm
 
 from mcfl.algorithms import get, names
-from mcfl.engine import LocalTraining
+from mcfl.engine import FastPaths, LocalTraining
 from mcfl.errors import ConfigError
 from mcfl.models import make_model
 
@@ -66,7 +66,7 @@ def zoo_models():
 def test_every_algorithm_on_every_zoo_model(model_name, algorithm_name, zoo_models):
     model, data = zoo_models(model_name)
     training = LocalTraining(model.apply, batch_size=4, lr=0.05, local_steps=2,
-                             dense_layers=model.dense_layers, factored=model.factored,
+                             fast=FastPaths(model.dense_layers, model.factored),
                              train_apply=model.train_apply, collections=model.collections)
     clusters = 2 if get(algorithm_name).clustered else 1
     params = {**small_params(algorithm_name), **({"fesem_restarts": 1}

@@ -26,9 +26,10 @@ from mcfl.config import CLUSTERED_ONLY, KEPT_STATE_ONLY, RunConfig, from_dict
 from mcfl.data import DATA_FIELDS, cifar
 from mcfl.errors import ConfigError, DataError, McflError, choice_error
 from mcfl.files import faults, kinds
-from mcfl.files.run_folder import RunTarget, check_target, recover_replacement
+from mcfl.files.run_folder import recover_replacement
 from mcfl.reproduce.report import Report, ordering_line, table_row
 from mcfl.reproduce.tables import TABLES, Cell, Table, experiment, get, names
+from mcfl.runs.lifecycle import Destination
 from mcfl.runs.runner import load_dataset
 from mcfl.sweeps import sweep
 from mcfl.sweeps.spec import check_settings_taken, settings_not_taken
@@ -157,14 +158,13 @@ def run_table(name: Optional[str] = None, out_dir: Optional[Path] = None, quick:
     chosen = cell_configs(table, base, quick, data_dir, overrides, cells)
     check_data_dirs(table, quick, data_dir, chosen)
     seed_list = [base.seed + i for i in range(count)]
-    if resume is None:
-        check_target(out_dir, overwrite, "table")
-    target = RunTarget(out_dir, "table") if resume is None else None
-    folder = target.folder if target is not None else out_dir
+    destination = Destination(out_dir, "table", overwrite, resuming=resume is not None)
+    folder = destination.open()
     settings = {"overrides": given_overrides, "data_dir": data_dir,
                 "chosen_cells": None if cells is None else [c.label for c, _ in chosen]}
     report = Report(folder, table, quick, base, seed_list, [c.label for c, _ in chosen],
                     settings)
+    destination.on_move(lambda moved: setattr(report, "folder", moved))
     report.write(final=False)  # reproduce.json first: the folder says what it is at once
     rows: dict[str, dict] = {}
     dataset, data_key = None, None  # one dataset held at a time: cells of one part share it
@@ -172,7 +172,7 @@ def run_table(name: Optional[str] = None, out_dir: Optional[Path] = None, quick:
         for i, (cell, config) in enumerate(chosen):
             if progress is not None:
                 progress(cell.label, i, len(chosen))
-            cell_folder = folder / "cells" / slug(cell.label)
+            cell_folder = destination.folder / "cells" / slug(cell.label)
             t0 = time.perf_counter()
             held = kinds.status(cell_folder, "sweep")
             if held == "completed":  # finished before a stop: read back, not recomputed
@@ -191,12 +191,10 @@ def run_table(name: Optional[str] = None, out_dir: Optional[Path] = None, quick:
             report.rows = [rows[c.label] for c, _ in chosen if c.label in rows]
             report.write(final=False)
             faults.point("cell")
-            if target is not None and target.pending:  # the replacement's first cell is done
-                target.commit()
-                report.folder = folder = target.folder
+            destination.commit()  # (a replacement's first cell is done: it is swapped in)
     except BaseException as stop:
-        if target is not None and target.pending:  # the old table stands
-            target.abandon()
+        if destination.replacing:  # the old table stands
+            destination.abandon(stop)
         else:
             report.write(final=False, status="interrupted" if isinstance(
                 stop, KeyboardInterrupt) else "error")
