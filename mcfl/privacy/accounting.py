@@ -22,26 +22,52 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import math
 import numbers
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import dp_accounting
 import numpy
-from dp_accounting import pld, rdp
-from dp_accounting.rdp import rdp_privacy_accountant
 
 from mcfl.errors import ConfigError, choice_error
+
+if TYPE_CHECKING:  # (annotations only: the library is imported at its first use, `_library`)
+    import dp_accounting
+    from dp_accounting import NeighboringRelation as Relation
 
 SAMPLINGS = ("poisson", "fixed")
 ACCOUNTANTS = ("rdp", "pld")
 
-Relation = dp_accounting.NeighboringRelation
 
-# dp-accounting's default orders, named here because the RDP curves below are read against them.
-RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+@functools.cache
+def _library():
+    """dp-accounting, imported at its first use: its import brings scipy.signal and
+    scipy.stats, 0.85 s of every `mcfl` command's start on the project's 2-core machine, which
+    runs without DP never need."""
+    import dp_accounting
+    from dp_accounting import pld, rdp  # noqa: F401 (the submodules the accountants are in)
+    from dp_accounting.rdp import rdp_privacy_accountant  # noqa: F401
+
+    return dp_accounting
+
+
+def _rdp_orders() -> tuple:
+    """dp-accounting's default RDP orders, which the RDP curves below are read against."""
+    return tuple(_library().rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+
+def __getattr__(name: str):
+    # `Relation` and `RDP_ORDERS` as module attributes, without importing dp-accounting with
+    # this module.
+    if name == "Relation":
+        return _library().NeighboringRelation
+    if name == "RDP_ORDERS":
+        return _rdp_orders()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 # The PLD grid step (of the privacy loss). Measured on this project's 2-core machine for
 # q = 0.1, z = 1.1, delta 1e-5, every round's epsilon composed one round at a time: 1e-3 takes
 # 0.9 s for 100 rounds and 17 s for 1000, 1e-4 takes 7 s for 100 rounds; the epsilons differ by
@@ -52,8 +78,13 @@ PLD_DISCRETIZATION = 1e-3
 NOISE_RANGE = (1e-2, 1e3)
 SOLVE_TOLERANCE = 1e-3
 
-_NEIGHBOURS = {Relation.ADD_OR_REMOVE_ONE: "add-or-remove-one neighbours",
-               Relation.REPLACE_ONE: "replace-one neighbours"}
+_NEIGHBOURS = {"ADD_OR_REMOVE_ONE": "add-or-remove-one neighbours",
+               "REPLACE_ONE": "replace-one neighbours"}
+
+
+def _neighbours_in_words(relation) -> str:
+    """A dp-accounting ``NeighboringRelation`` in words."""
+    return _NEIGHBOURS.get(getattr(relation, "name", None), str(relation))
 
 
 def _dp_accounting_version() -> str:
@@ -154,7 +185,7 @@ class RoundMechanism:
         replacement is a removal and an addition; jax_privacy's ``sensitivity(REPLACE_ONE)``
         is twice the clip norm) while dp-accounting's Gaussian is relative to that
         sensitivity (Wang, Balle and Kasiviswanathan, AISTATS 2019, Theorem 27)."""
-        if neighbouring(self) is Relation.REPLACE_ONE:
+        if neighbouring(self).name == "REPLACE_ONE":
             return self.noise_multiplier / 2.0
         return self.noise_multiplier
 
@@ -163,6 +194,7 @@ class RoundMechanism:
         or ``SampledWithoutReplacementDpEvent(N, S, GaussianDpEvent)``, the plain Gaussian
         when every client takes part (q = 1), and ``NonPrivateDpEvent`` when z = 0 (the sums
         are released in the clear)."""
+        dp_accounting = _library()
         if self.noise_multiplier == 0.0:
             return dp_accounting.NonPrivateDpEvent()
         gaussian = dp_accounting.GaussianDpEvent(self.accounted_noise)
@@ -183,7 +215,7 @@ class RoundMechanism:
         else:
             text = (f"Gaussian on {self.sample_size} of {self.population} clients sampled "
                     f"without replacement, z = {self.noise_multiplier:g}")
-        if neighbouring(self) is Relation.REPLACE_ONE:
+        if neighbouring(self).name == "REPLACE_ONE":
             text += f" (z / 2 = {self.accounted_noise:g} on the replace-one sensitivity 2 C)"
         return text
 
@@ -193,9 +225,10 @@ def neighbouring(mechanism: RoundMechanism) -> Relation:
     (McMahan et al. 2018's client-level DP), REPLACE_ONE for fixed-size sampling, the only
     relation under which dp-accounting's RDP accountant takes sampling without replacement
     (the population N is then public)."""
+    relation = _library().NeighboringRelation
     if mechanism.sampling == "poisson":
-        return Relation.ADD_OR_REMOVE_ONE
-    return Relation.REPLACE_ONE
+        return relation.ADD_OR_REMOVE_ONE
+    return relation.REPLACE_ONE
 
 
 def effective_noise(*noise_multipliers: float) -> float:
@@ -232,10 +265,12 @@ def make_accountant(name: str, relation: Relation,
     """A fresh dp-accounting accountant: "rdp", ``rdp.RdpAccountant`` (its default orders,
     `RDP_ORDERS`), or "pld", ``pld.PLDAccountant`` (grid `PLD_DISCRETIZATION`). With `event`,
     ConfigError when that accountant cannot compose it, naming the accountant that can."""
+    dp_accounting = _library()
     if _check_accountant(name) == "rdp":
-        accountant = rdp.RdpAccountant(RDP_ORDERS, relation)
+        accountant = dp_accounting.rdp.RdpAccountant(_rdp_orders(), relation)
     else:
-        accountant = pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+        accountant = dp_accounting.pld.PLDAccountant(
+            relation, value_discretization_interval=PLD_DISCRETIZATION)
     if event is not None and not accountant.supports(event):
         instead = [other for other in ACCOUNTANTS if other != name
                    and make_accountant(other, relation).supports(event)]
@@ -244,12 +279,13 @@ def make_accountant(name: str, relation: Relation,
         advice = (f"use accountant {instead[0]!r}" if instead
                   else f"none of {', '.join(ACCOUNTANTS)} can")
         raise ConfigError(f"accountant {name!r} (dp-accounting {_dp_accounting_version()}) "
-                          f"cannot account for {what} with {_NEIGHBOURS.get(relation, relation)}"
+                          f"cannot account for {what} with {_neighbours_in_words(relation)}"
                           f"; {advice}")
     return accountant
 
 
 def _samples_without_replacement(event: dp_accounting.DpEvent) -> bool:
+    dp_accounting = _library()
     if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
         return True
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
@@ -281,7 +317,7 @@ class _RdpRounds:
     def __init__(self, round_event, before, relation):
         self._per_round = self._curve(round_event, relation)
         self._total = (self._curve(before, relation) if before is not None
-                       else numpy.zeros(len(RDP_ORDERS)))
+                       else numpy.zeros(len(_rdp_orders())))
 
     @staticmethod
     def _curve(event, relation) -> numpy.ndarray:
@@ -299,7 +335,8 @@ class _RdpRounds:
         return self._total.copy()
 
     def epsilon(self, delta: float) -> float:
-        return float(rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, self._total, delta)[0])
+        return float(_library().rdp.rdp_privacy_accountant.compute_epsilon(
+            _rdp_orders(), self._total, delta)[0])
 
 
 class _PldRounds:
@@ -398,7 +435,7 @@ def describe(mechanism: RoundMechanism, delta: float, accountant: str = "rdp",
     library = f"dp-accounting {_dp_accounting_version()}"
     kind = (f"RDP accountant ({library})" if _check_accountant(accountant) == "rdp"
             else f"PLD accountant ({library}, grid {PLD_DISCRETIZATION:g})")
-    parts = [kind, mechanism.describe(), _NEIGHBOURS[neighbouring(mechanism)],
+    parts = [kind, mechanism.describe(), _neighbours_in_words(neighbouring(mechanism)),
              f"delta = {check_delta(delta):g}"]
     if before is not None:
         parts.append("after a private initialisation")
@@ -442,6 +479,7 @@ def solve_noise(target_epsilon: float, rounds: int, delta: float, sampling: str,
     rounds = _count(rounds, "rounds", 1)
     _check_accountant(accountant)
     relation = neighbouring(RoundMechanism(sampling, population, sample_size, 1.0))
+    dp_accounting = _library()
 
     def run_event(log_noise: float) -> dp_accounting.DpEvent:
         mechanism = RoundMechanism(sampling, population, sample_size, math.exp(log_noise))
