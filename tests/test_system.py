@@ -242,14 +242,14 @@ def test_fedavg_with_dropout_reports_about_seventy_percent(tmp_path):
     """--client-dropout 0.3, 20 clients a round for 30 rounds (600 draws): the reported share
     within 4 standard deviations of 0.7, and rounds.csv says how many were sampled, reported
     and dropped."""
+    from mcfl.apps.cli import main
+
     out = tmp_path / "run"
-    code = subprocess.run(
-        [sys.executable, "-m", "mcfl", "run", "--algorithm", "fedavg", "--dataset",
-         "synthetic", "--clients", "40", "--clients-per-round", "20", "--rounds", "30",
-         "--model", "mclr", "--local-steps", "1", "--eval-every", "30", "--embed-clients",
-         "0", "--client-dropout", "0.3", "--device-speeds", "lognormal:0,1", "--out",
-         str(out)], capture_output=True, text=True, cwd=REPO).returncode
-    assert code == 0
+    assert main(["run", "--algorithm", "fedavg", "--dataset", "synthetic", "--clients", "40",
+                 "--clients-per-round", "20", "--rounds", "30", "--model", "mclr",
+                 "--local-steps", "1", "--eval-every", "30", "--embed-clients", "0",
+                 "--client-dropout", "0.3", "--device-speeds", "lognormal:0,1", "--out",
+                 str(out)]) == 0
     with open(out / "rounds.csv") as f:
         rows = list(csv.DictReader(f))
     sampled = sum(float(r["clients_sampled"]) for r in rows)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import json
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -236,23 +235,20 @@ def test_sweep_logs_a_run_per_member_grouped_by_grid_point(tmp_path, monkeypatch
             "wandb, wandb:PROJECT"),
     ("tensorboard", "mcfl: error: --log 'tensorboard' needs a folder: tensorboard:DIR"),
 ])
-def test_a_bad_log_is_one_line_exit_2(tmp_path, spec, message):
-    proc = subprocess.run([sys.executable, "-m", "mcfl", "run", *SMALL, "--log", spec,
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.startswith(message)
-    assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+def test_a_bad_log_is_one_line_exit_2(tmp_path, capsys, spec, message):
+    assert main(["run", *SMALL, "--log", spec, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
-def test_a_missing_library_is_one_line_before_the_run_starts(tmp_path):
+def test_a_missing_library_is_one_line_before_the_run_starts(tmp_path, capsys, monkeypatch):
     """Without mlflow (hidden from the import system), --log mlflow is refused before the
     data are loaded: one line naming the extra, exit 2, no run folder."""
-    code = ("import sys; sys.modules['mlflow'] = None; from mcfl.apps.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", code, "run", *SMALL, "--log", "mlflow",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stderr == ("mcfl: error: --log mlflow needs the mlflow package: "
-                           "pip install 'mcfl[mlflow]'\n")
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # (an import of it fails)
+    assert main(["run", *SMALL, "--log", "mlflow", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == ("mcfl: error: --log mlflow needs the mlflow package: "
+                                       "pip install 'mcfl[mlflow]'\n")
     assert not (tmp_path / "run").exists()
 
 
