@@ -43,7 +43,7 @@ _RUNS: dict = {}
 def _run(name, data, shared=None):
     """Round by round with a trace counter, then the same rounds as one scan. The round-by-round
     result and its round lowered for TPU and CUDA go to `shared` for tests/test_devices.py
-    (which compares them with four devices)."""
+    (which compares them with four devices), when given."""
     if name in _RUNS:
         return _RUNS[name]
     algorithm = build_small(name)
@@ -58,9 +58,18 @@ def _run(name, data, shared=None):
     return _RUNS[name]
 
 
+@pytest.fixture
+def for_devices(request, shared):
+    """`shared` for the algorithms tests/test_devices.py compares in this session (its default
+    few, or all with -m slow: tests/conftest.py), else None: the others' one-device lowering
+    would be read by no test."""
+    wanted = getattr(request.config, "background_algorithms", ())
+    return shared if request.node.callspec.params["name"] in wanted else None
+
+
 @pytest.mark.parametrize("name", names())
-def test_compiles_once_and_scan_equals_round_by_round(name, data, shared):
-    _, state, rows, scanned, stacked = _run(name, data, shared)
+def test_compiles_once_and_scan_equals_round_by_round(name, data, for_devices):
+    _, state, rows, scanned, stacked = _run(name, data, for_devices)
     chex.assert_trees_all_close(scanned, state, atol=1e-5, rtol=1e-5)
     for key in rows[0]:
         np.testing.assert_allclose(stacked[key], [row[key] for row in rows], rtol=1e-5,
@@ -68,8 +77,8 @@ def test_compiles_once_and_scan_equals_round_by_round(name, data, shared):
 
 
 @pytest.mark.parametrize("name", names())
-def test_metrics_models_and_assignments_are_well_formed(name, data, shared):
-    algorithm, state, rows, _, _ = _run(name, data, shared)
+def test_metrics_models_and_assignments_are_well_formed(name, data, for_devices):
+    algorithm, state, rows, _, _ = _run(name, data, for_devices)
     required = REQUIRED_METRICS | ({"num_clusters"} if get(name).clustered else set())
     for row in rows:
         assert required <= set(row), required - set(row)
