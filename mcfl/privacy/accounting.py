@@ -41,7 +41,6 @@ SAMPLINGS = ("poisson", "fixed")
 ACCOUNTANTS = ("rdp", "pld")
 
 
-
 @functools.cache
 def _library():
     """dp-accounting, imported at its first use: its import brings scipy.signal and
@@ -67,6 +66,7 @@ def __getattr__(name: str):
     if name == "RDP_ORDERS":
         return _rdp_orders()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The PLD grid step (of the privacy loss). Measured on this project's 2-core machine for
 # q = 0.1, z = 1.1, delta 1e-5, every round's epsilon composed one round at a time: 1e-3 takes
