@@ -59,12 +59,11 @@ def _run(name, data, shared=None):
 
 
 @pytest.fixture
-def for_devices(request, shared):
+def for_devices(request, name, shared):
     """`shared` for the algorithms tests/test_devices.py compares in this session (its default
     few, or all with -m slow: tests/conftest.py), else None: the others' one-device lowering
     would be read by no test."""
-    wanted = getattr(request.config, "background_algorithms", ())
-    return shared if request.node.callspec.params["name"] in wanted else None
+    return shared if name in getattr(request.config, "background_algorithms", ()) else None
 
 
 @pytest.mark.parametrize("name", names())

@@ -25,6 +25,7 @@ import mcfl
 from mcfl.algorithms import get, names
 from mcfl.algorithms.asynchronous.servers import fedasync_update, fedbuff_update
 from mcfl.algorithms.wrappers.system_rounds import with_system
+from mcfl.apps.cli import main
 from mcfl.errors import ConfigError
 from mcfl.files.faults import FaultPlan
 from mcfl.sweeps.spec import expand, group
@@ -242,8 +243,6 @@ def test_fedavg_with_dropout_reports_about_seventy_percent(tmp_path):
     """--client-dropout 0.3, 20 clients a round for 30 rounds (600 draws): the reported share
     within 4 standard deviations of 0.7, and rounds.csv says how many were sampled, reported
     and dropped."""
-    from mcfl.apps.cli import main
-
     out = tmp_path / "run"
     assert main(["run", "--algorithm", "fedavg", "--dataset", "synthetic", "--clients", "40",
                  "--clients-per-round", "20", "--rounds", "30", "--model", "mclr",
@@ -381,8 +380,6 @@ def test_kill_and_resume_of_an_async_run_equals_the_whole_run(tmp_path):
     """fedbuff for 12 server steps with dropouts, killed (SIGKILL) after its 5th row,
     resumed: the same rounds.csv as the uninterrupted run (the clock, the clients in flight
     and the ring come back from the checkpoint)."""
-    from mcfl.apps.cli import main
-
     args = ["run", "--algorithm", "fedbuff", "--dataset", "synthetic", "--clients", "30",
             "--model", "mclr", "--local-steps", "2", "--rounds", "12", "--concurrency", "8",
             "--buffer-size", "3", "--embed-clients", "0", "--device-speeds", "lognormal:0,1",
@@ -424,8 +421,6 @@ BAD_SYSTEM_SETTINGS = [
 def test_bad_system_settings_exit_2_naming_the_value(flags, named, tmp_path, capsys):
     """The command line's `main` in this process (its exit code is what it returns; the first
     case goes through a process of its own, `mcfl run` as a user starts it)."""
-    from mcfl.apps.cli import main
-
     argv = ["run", "--dataset", "synthetic", "--clients", "20", "--rounds", "1", "--out",
             str(tmp_path / "r"), *flags]
     if flags == BAD_SYSTEM_SETTINGS[0][0]:

@@ -53,6 +53,7 @@ def _library():
     return dp_accounting
 
 
+@functools.cache
 def _rdp_orders() -> tuple:
     """dp-accounting's default RDP orders, which the RDP curves below are read against."""
     return tuple(_library().rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
